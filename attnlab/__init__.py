@@ -1,0 +1,46 @@
+"""attnlab: the Transformer family from scratch on PyTorch.
+
+    >>> import attnlab
+    >>> model = attnlab.load("sentence-transformers/all-MiniLM-L6-v2")   # a local, packaged checkpoint
+    >>> tok = attnlab.load_tokenizer("sentence-transformers/all-MiniLM-L6-v2")
+    >>> out = model(**tok(["attention is all you need"], return_tensors="pt"))
+    >>> out.last_hidden_state.shape
+    torch.Size([1, 7, 384])
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import ConfigError, ModelConfig, PRESETS, preset
+from .models import Encoder, Model, ModelOutput
+
+__version__ = "0.1.0"
+
+
+def load(name_or_path: str | Path, architecture: str | None = None, dtype=None, device=None) -> Model:
+    """Load a model directory in the Hugging Face layout (config.json + safetensors / pytorch_model.bin).
+
+    `architecture` chooses the head wrapper (e.g. "BertForPreTraining"); default: what config.json says.
+    """
+    from .interop.hf import load_pretrained
+    from .interop.local import resolve
+    return load_pretrained(resolve(name_or_path), architecture=architecture, dtype=dtype, device=device)
+
+
+def load_tokenizer(name_or_path: str | Path):
+    from .interop.local import resolve
+    from .tokenizers import load_tokenizer as _load
+    return _load(resolve(name_or_path))
+
+
+def from_config(config: ModelConfig | str, architecture: str | None = None) -> Model:
+    """A randomly initialised model from a config or preset name."""
+    from .interop.hf import FAMILIES
+    cfg = preset(config) if isinstance(config, str) else config
+    family = FAMILIES[cfg.model_type]
+    cls, _ = family.architectures[architecture or family.default_architecture]
+    return cls(cfg)
+
+
+__all__ = ["ConfigError", "Encoder", "Model", "ModelConfig", "ModelOutput", "PRESETS", "from_config", "load",
+           "load_tokenizer", "preset"]

@@ -1,0 +1,44 @@
+"""Embed text: one vector per input line, written as a float32 .npy array of shape (lines, hidden).
+
+Vectors are the mean of the last hidden states over real tokens (or the [CLS] vector), L2-normalised
+unless --no-normalize, so a dot product is a cosine similarity.
+
+example:
+  attnlab embed sentence-transformers/all-MiniLM-L6-v2 --input sentences.txt --output vectors.npy
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "embed"
+HELP = "embed each line of a text file into one vector (.npy)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="an encoder model directory or packaged name")
+    p.add_argument("--input", required=True, type=Path, help="UTF-8 text file, one input per line")
+    p.add_argument("--output", required=True, type=Path, help="where to write the .npy array")
+    p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="how to pool tokens (default mean)")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens "
+                                                                 "(default: the model's maximum)")
+    p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw (unnormalised) vectors")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import attnlab
+    from ..interop.hf import atomic_write
+    from ..inference.embed import embed, read_lines
+    texts = read_lines(args.input)
+    model = attnlab.load(args.model, architecture=None)
+    tokenizer = attnlab.load_tokenizer(args.model)
+    vectors = embed(model, tokenizer, texts, pooling=args.pooling, normalize=args.normalize,
+                    batch_size=args.batch_size, max_length=args.max_length)
+    out = args.output if args.output.suffix == ".npy" else args.output.with_name(args.output.name + ".npy")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda tmp: np.save(open(tmp, "wb"), vectors))
+    print(f"wrote {vectors.shape[0]} vectors of size {vectors.shape[1]} to {out}")
+    return 0

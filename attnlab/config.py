@@ -1,0 +1,188 @@
+"""One typed config for every architecture in the notes.
+
+Every variant is a switch here, not a subclass: BERT is `ModelConfig()` with its defaults, GPT-2 is
+`causal=True, norm_placement="pre", activation="gelu_tanh"`, LLaMA adds `norm="rmsnorm",
+activation="swiglu", position="rope", bias=False, num_kv_heads < num_heads`, and so on.
+Presets are named configs (data), see `PRESETS` and `preset()`.
+
+>>> cfg = preset("bert-base")
+>>> cfg.hidden_size // cfg.num_heads   # head size d_k in the notes
+64
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value that cannot describe a model; the message names the field and value."""
+
+
+POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none")
+NORMS = ("layernorm", "rmsnorm")
+PLACEMENTS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+@dataclass
+class ModelConfig:
+    # --- what kind of model and which checkpoint family it maps onto
+    model_type: str = "bert"            # interop family: names the HF state-dict table
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int | None = None     # None = num_heads (MHA); 1 = MQA; in between = GQA
+    head_dim: int | None = None         # None = hidden_size // num_heads
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2            # segment (token type) embeddings; 0 = none
+    embedding_size: int | None = None   # ALBERT's factorized embeddings (E < H); None = hidden_size
+
+    # --- the switches of the notes
+    position: str = "learned"
+    norm: str = "layernorm"
+    norm_placement: str = "post"        # post: LN(x + f(x)) as in BERT; pre: x + f(LN(x)) as in GPT-2
+    activation: str = "gelu"
+    bias: bool = True                   # biases in linear layers (and LayerNorm)
+    causal: bool = False
+    sliding_window: int | None = None   # local attention: each query sees keys within this distance
+    attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 uses 1.0)
+    embedding_norm: bool = True         # LayerNorm after the embeddings (BERT); GPT-2 has none
+    final_norm: bool | None = None      # None = True for pre-LN stacks, False for post-LN
+    pooler: bool = True                 # BERT's tanh pooler over [CLS]
+    tie_word_embeddings: bool = True
+
+    # --- numbers
+    norm_eps: float = 1e-12
+    dropout: float = 0.1                # hidden dropout (embeddings, sublayer outputs)
+    attention_dropout: float = 0.1      # on the attention probabilities
+    initializer_range: float = 0.02
+    rope_theta: float = 10000.0
+    relative_num_buckets: int = 32
+    relative_max_distance: int = 128
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    # --- how to run it (not architecture)
+    attn_implementation: str = "sdpa"   # sdpa: fused kernel; eager: explicit softmax(QK^T/sqrt(d))V
+
+    extra: dict[str, Any] = field(default_factory=dict)  # family-specific values kept for round trips
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    @property
+    def emb_size(self) -> int:
+        return self.embedding_size if self.embedding_size is not None else self.hidden_size
+
+    @property
+    def has_final_norm(self) -> bool:
+        return self.final_norm if self.final_norm is not None else self.norm_placement == "pre"
+
+    @property
+    def is_glu(self) -> bool:
+        return self.activation in ("geglu", "swiglu")
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"config: {name}={getattr(self, name)!r} {why}")
+
+        for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
+                              ("activation", ACTIVATIONS), ("attn_implementation", ATTN_IMPLEMENTATIONS)):
+            if getattr(self, name) not in allowed:
+                raise bad(name, f"is not one of {', '.join(allowed)}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise bad(name, "must be a positive integer")
+        for name in ("num_kv_heads", "head_dim", "embedding_size", "sliding_window"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise bad(name, "must be a positive integer or null")
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise bad("type_vocab_size", "must be a non-negative integer")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ConfigError(f"config: num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
+        if self.num_heads % self.kv_heads:
+            raise ConfigError(f"config: num_kv_heads={self.kv_heads} does not divide num_heads={self.num_heads} "
+                              "(each key/value head serves a whole group of query heads)")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise bad(name, "must be a probability in [0, 1)")
+        for name in ("norm_eps", "rope_theta", "initializer_range"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise bad(name, "must be a positive number")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise bad("pad_token_id", f"is outside the vocabulary (vocab_size={self.vocab_size})")
+        if self.position == "relative_bias" and self.relative_num_buckets < 2:
+            raise bad("relative_num_buckets", "must be at least 2")
+        if self.position == "rope" and self.dim_head % 2:
+            raise bad("head_dim", "must be even for RoPE (dimensions rotate in pairs)")
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ModelConfig":
+        """Build from a plain dict; an unknown key is an error that names it."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping of field names to values, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in data if k not in names)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key {unknown[0]!r}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+                              + f"; known keys: {', '.join(sorted(names))}")
+        try:
+            return cls(**data)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {str(err).removeprefix('config: ')}") from None
+        except TypeError as err:  # e.g. a list where a number belongs
+            raise ConfigError(f"{source}: {err}") from None
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return ModelConfig.from_dict({**self.to_dict(), **changes})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+# Presets are data. The BERT sizes are the paper's (Devlin et al. 2019, §3): base L=12 H=768 A=12,
+# large L=24 H=1024 A=16; the small ones follow Turc et al. 2019 ("Well-Read Students"), as google/bert.
+_BERT = dict(model_type="bert")
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-base": dict(_BERT),
+    "bert-large": dict(_BERT, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "bert-medium": dict(_BERT, hidden_size=512, num_layers=8, num_heads=8, intermediate_size=2048),
+    "bert-small": dict(_BERT, hidden_size=512, num_layers=4, num_heads=8, intermediate_size=2048),
+    "bert-mini": dict(_BERT, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
+    "bert-tiny": dict(_BERT, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512),
+    "minilm-l6": dict(_BERT, hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A named config, optionally with some fields changed: `preset("bert-mini", num_layers=2)`."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+    return ModelConfig.from_dict({**PRESETS[name], **overrides}, source=f"preset {name}")

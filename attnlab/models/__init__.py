@@ -1,0 +1,4 @@
+from .base import Model, ModelOutput
+from .encoder import Encoder, Pooler
+
+__all__ = ["Encoder", "Model", "ModelOutput", "Pooler"]

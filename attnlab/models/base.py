@@ -1,0 +1,87 @@
+"""What every attnlab model shares: a `.config`, an output object with Hugging Face field names,
+weight initialisation, parameter counts and `save()` to the Hugging Face layout."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+
+
+@dataclass
+class ModelOutput:
+    """Named results; unset fields are None. `out["logits"]` works as well as `out.logits`."""
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
+    past_key_values: Any = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # head-specific outputs (nsp_logits, ...)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.extra:
+            return self.extra[key]
+        if key in {f.name for f in fields(self)}:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __getattr__(self, key: str) -> Any:  # only called for names that are not fields
+        extra = self.__dict__.get("extra", {})
+        if key in extra:
+            return extra[key]
+        raise AttributeError(key)
+
+
+class Model(nn.Module):
+    """Base of backbones and of head wrappers. Subclasses set `config` and build their modules."""
+
+    #: the Hugging Face architecture name this class maps onto ("BertModel", "BertForPreTraining", ...)
+    hf_architecture: str = ""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    def init_weights(self) -> None:
+        """Normal(0, initializer_range) for matrices and embeddings, zeros for biases, ones for norm
+        scales: the BERT/GPT-2 recipe."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+                if module.padding_idx is not None:
+                    with torch.no_grad():
+                        module.weight[module.padding_idx].zero_()
+            elif hasattr(module, "weight") and isinstance(getattr(module, "weight"), nn.Parameter) \
+                    and module.weight.dim() == 1:  # LayerNorm / RMSNorm
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Head wrappers that share the input embedding with an output projection re-point it here."""
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+    def save(self, path: str | Path) -> Path:
+        """Write config.json + model.safetensors in the Hugging Face layout (atomically)."""
+        from ..interop.hf import save_pretrained
+        return save_pretrained(self, path)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device

@@ -1,0 +1,108 @@
+"""The Transformer stack: embeddings, N blocks, optional final norm and pooler.
+
+With `causal=False` it is BERT's bidirectional encoder (Devlin et al. 2019); with `causal=True` the same
+stack is a GPT-style decoder (the decoder models add an LM head and a KV cache on top of it).
+Every variant in the notes is a config switch: see `attnlab.config.ModelConfig`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..nn import AttentionMask, Block, Embeddings, RelativePositionBias, RotaryEmbedding, make_norm
+from .base import Model, ModelOutput
+
+
+class Pooler(nn.Module):
+    """BERT's pooler: tanh(W h_[CLS] + b), the sentence vector the NSP head reads (§3.1)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class Encoder(Model):
+    hf_architecture = "BertModel"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.embeddings = Embeddings(config)
+        self.rope = RotaryEmbedding(config.dim_head, config.rope_theta) if config.position == "rope" else None
+        # T5 shares one bias table across all layers (Raffel et al. 2020, §2.1)
+        self.relative_bias = RelativePositionBias(
+            config.num_heads, config.relative_num_buckets, config.relative_max_distance,
+            bidirectional=not config.causal) if config.position == "relative_bias" else None
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.final_norm = make_norm(config) if config.has_final_norm else None
+        self.pooler = Pooler(config) if config.pooler else None
+        self.init_weights()
+
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids, inputs_embeds) -> None:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        ref = input_ids if input_ids is not None else inputs_embeds[..., 0]
+        if ref.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(ref.shape)}")
+        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if t is not None and t.shape != ref.shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(ref.shape)}")
+        if input_ids is not None and input_ids.numel():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = hi if hi >= self.config.vocab_size else lo
+                raise ValueError(f"token id {bad} is outside the vocabulary (vocab_size={self.config.vocab_size})")
+        if token_type_ids is not None and token_type_ids.numel() and self.embeddings.seg is not None:
+            if int(token_type_ids.max()) >= self.config.type_vocab_size or int(token_type_ids.min()) < 0:
+                raise ValueError(f"token_type_ids must lie in [0, {self.config.type_vocab_size}), "
+                                 f"got {int(token_type_ids.max())}")
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
+                output_attentions: bool = False, output_hidden_states: bool = False) -> ModelOutput:
+        self._check_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds)
+        cfg = self.config
+        b, t = (input_ids if input_ids is not None else inputs_embeds[..., 0]).shape
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        offset = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(offset, offset + t, device=device).expand(b, t)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+
+        mask = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
+                                   device=device)
+        local = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
+                                    window=cfg.sliding_window, device=device) if cfg.sliding_window else mask
+        rope = self.rope(position_ids) if self.rope is not None else None
+        bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None
+
+        hidden_states, attentions = [x] if output_hidden_states else None, [] if output_attentions else None
+        for i, layer in enumerate(self.layers):
+            x, (w, _) = layer(x, local if self._is_local(i) else mask, rope=rope, bias=bias,
+                              cache=past_key_values, layer_idx=i, need_weights=output_attentions)
+            if output_hidden_states:
+                hidden_states.append(x)
+            if output_attentions:
+                attentions.append(w)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if output_hidden_states:
+                hidden_states[-1] = x
+        return ModelOutput(
+            last_hidden_state=x,
+            pooler_output=self.pooler(x) if self.pooler is not None else None,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None,
+            past_key_values=past_key_values if use_cache else None)
+
+    def _is_local(self, layer_idx: int) -> bool:
+        """Which layers use the sliding window. Every layer, unless `global_every` (ModernBERT: every
+        3rd layer is global) is set in config.extra."""
+        if not self.config.sliding_window:
+            return False
+        every = self.config.extra.get("global_every")
+        return not (every and layer_idx % every == 0)

@@ -1,0 +1,139 @@
+"""Scaled dot-product attention, multi-head, with padding / causal / sliding-window masks and
+grouped-query attention (Vaswani et al. 2017, §3.2; Ainslie et al. 2023 for GQA).
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_k) + bias) V
+
+Two paths with one meaning: the fused kernel `F.scaled_dot_product_attention` (fast, no weights) and an
+explicit path that materialises the softmax so that the weights can be returned (for `viz`). Tests hold
+them equal for every mask kind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .positions import apply_rotary
+
+
+@dataclass
+class AttentionMask:
+    """Which keys each query may see. `allowed` is bool, broadcastable to (B, heads, Tq, Tk), True = may
+    attend; None with `is_causal` means a plain causal mask the fused kernel builds itself (faster)."""
+    allowed: torch.Tensor | None = None
+    is_causal: bool = False
+
+    @classmethod
+    def build(cls, padding: torch.Tensor | None, query_len: int, key_len: int, *, causal: bool = False,
+              window: int | None = None, query_offset: int = 0, device=None) -> "AttentionMask":
+        """padding: (B, Tk) with 1 for real tokens, 0 for padding (the HF `attention_mask`).
+        query_offset: absolute position of the first query (> 0 when decoding with a KV cache)."""
+        has_padding = padding is not None and not bool(padding.all())
+        if not has_padding and window is None:
+            if not causal:
+                return cls(None, False)
+            if query_offset == 0 and query_len == key_len:
+                return cls(None, True)
+        device = padding.device if padding is not None else device
+        q = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
+        k = torch.arange(key_len, device=device)[None, :]
+        allowed = torch.ones(query_len, key_len, dtype=torch.bool, device=device)
+        if causal:
+            allowed &= k <= q
+        if window is not None:
+            # a local layer sees keys at distance < window on each side it is allowed to look at
+            allowed &= (q - k).abs() < window
+        allowed = allowed[None, None]
+        if has_padding:
+            allowed = allowed & padding.bool()[:, None, None, :]
+        # A query that may see nothing (a left-pad position under a causal mask) would give NaN;
+        # let it see everything instead: its output is padding and is never used.
+        allowed = allowed | ~allowed.any(-1, keepdim=True)
+        return cls(allowed, False)
+
+
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 mask: AttentionMask | None = None, bias: torch.Tensor | None = None,
+                                 scale: float | None = None, dropout_p: float = 0.0,
+                                 explicit: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (B, H, Tq, d), k/v (B, Hkv, Tk, d) with H a multiple of Hkv. Returns (out (B, H, Tq, d), weights or None)."""
+    if k.size(1) != q.size(1):  # GQA/MQA: each key/value head serves a group of query heads
+        groups = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    mask = mask or AttentionMask()
+    if explicit:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+        if bias is not None:
+            scores = scores + bias
+        if mask.is_causal:
+            tq, tk = scores.shape[-2:]
+            mask = AttentionMask(torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq))
+        if mask.allowed is not None:
+            scores = scores.masked_fill(~mask.allowed, float("-inf"))
+        weights = scores.float().softmax(-1).to(q.dtype)
+        probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        return torch.matmul(probs, v), weights
+    attn_mask = mask.allowed
+    if bias is not None:
+        attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
+        is_causal = False
+        if mask.is_causal:
+            tq, tk = q.size(-2), k.size(-2)
+            causal = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
+    else:
+        is_causal = mask.is_causal
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask.to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale)
+    return out, None
+
+
+class KVCacheLike(Protocol):
+    """What attention needs from a KV cache: append this step's keys/values, get the whole history."""
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class Attention(nn.Module):
+    """Multi-head attention: project to Q, K, V, split into heads, attend, merge heads, project out.
+    With `cross=True` the keys and values come from another sequence (the encoder's output)."""
+
+    def __init__(self, config: ModelConfig, cross: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.kv_heads, config.dim_head
+        d, bias = config.hidden_size, config.bias
+        self.q = nn.Linear(d, self.num_heads * self.head_dim, bias=bias)
+        self.k = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
+        self.scale = config.attention_scale
+        self.dropout = config.attention_dropout
+        self.explicit = config.attn_implementation == "eager"
+        self.cross = cross
+
+    def forward(self, x: torch.Tensor, mask: AttentionMask | None = None, *,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, bias: torch.Tensor | None = None,
+                memory: torch.Tensor | None = None, cache: KVCacheLike | None = None, layer_idx: int = 0,
+                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, t, _ = x.shape
+        src = x if memory is None else memory
+        q = self.q(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k(src).view(b, src.size(1), self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(src).view(b, src.size(1), self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)
+        out, weights = scaled_dot_product_attention(
+            q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
+            explicit=need_weights or self.explicit)
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return self.o(out), weights

@@ -1,0 +1,47 @@
+"""One Transformer block: self-attention, optional cross-attention, feed-forward, each wrapped in a
+residual connection and a norm, placed either after (post-LN, the original Transformer and BERT:
+LN(x + f(x))) or before (pre-LN, GPT-2 onwards: x + f(LN(x)); Xiong et al. 2020 show it trains without
+warmup)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from .attention import Attention, AttentionMask
+from .feedforward import FeedForward
+from .norms import make_norm
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, cross_attention: bool = False) -> None:
+        super().__init__()
+        self.pre = config.norm_placement == "pre"
+        self.attn = Attention(config)
+        self.attn_norm = make_norm(config)
+        self.cross_attn = Attention(config, cross=True) if cross_attention else None
+        self.cross_norm = make_norm(config) if cross_attention else None
+        self.ffn = FeedForward(config)
+        self.ffn_norm = make_norm(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.pre:
+            h, w = sublayer(norm(x))
+            return x + self.dropout(h), w
+        h, w = sublayer(x)
+        return norm(x + self.dropout(h)), w
+
+    def forward(self, x: torch.Tensor, mask: AttentionMask | None = None, *, rope=None, bias=None,
+                memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
+                cross_bias: torch.Tensor | None = None, cache=None, cross_cache=None, layer_idx: int = 0,
+                need_weights: bool = False) -> tuple[torch.Tensor, tuple]:
+        x, w_self = self._residual(x, self.attn_norm, lambda h: self.attn(
+            h, mask, rope=rope, bias=bias, cache=cache, layer_idx=layer_idx, need_weights=need_weights))
+        w_cross = None
+        if self.cross_attn is not None:
+            x, w_cross = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
+                h, memory_mask, bias=cross_bias, memory=memory, cache=cross_cache, layer_idx=layer_idx,
+                need_weights=need_weights))
+        x, _ = self._residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+        return x, (w_self, w_cross)

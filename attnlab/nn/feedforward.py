@@ -1,0 +1,36 @@
+"""Position-wise feed-forward network: FFN(x) = W2 act(W1 x) (Vaswani et al. 2017, §3.3),
+and the gated variants GeGLU / SwiGLU (Shazeer 2020): FFN(x) = W2 (act(Wg x) * (W1 x))."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+
+
+def activation_fn(name: str):
+    return {
+        "relu": F.relu,
+        "gelu": F.gelu,                                       # exact erf form, as BERT
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+        "silu": F.silu,
+        "geglu": F.gelu,
+        "swiglu": F.silu,
+    }[name]
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d, inner = config.hidden_size, config.intermediate_size
+        self.up = nn.Linear(d, inner, bias=config.bias)
+        # Gated variants spend a third matrix on the gate; inner size stays what the config says.
+        self.gate = nn.Linear(d, inner, bias=config.bias) if config.is_glu else None
+        self.down = nn.Linear(inner, d, bias=config.bias)
+        self.act = activation_fn(config.activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None:
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.up(x)))

@@ -1,0 +1,1 @@
+"""Seeing inside: the layer walkthrough (explain.py); attention pages come later."""

@@ -1,0 +1,166 @@
+"""What a model is made of, in the notes' terms: parameters per component, and one layer walked through
+step by step with real shapes and FLOPs (a matmul (m×k)@(k×n) costs 2·m·k·n FLOPs).
+
+>>> from attnlab.config import preset
+>>> steps = layer_walkthrough(preset("bert-base"), seq_len=512)
+>>> steps[0].text
+'project to Q, K, V: three (512×768)@(768×768) matmuls'
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+
+
+@dataclass
+class Step:
+    text: str
+    flops: int = 0
+    params: int = 0
+
+
+def _mm(m: int, k: int, n: int) -> int:
+    return 2 * m * k * n
+
+
+def count(module: nn.Module | None) -> int:
+    if module is None:
+        return 0
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def build_on_meta(cls, config: ModelConfig) -> nn.Module:
+    """Build a model without allocating or initialising its weights: counting needs only shapes."""
+    with torch.device("meta"):
+        return cls(config)
+
+
+def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
+    """(component, parameters) rows for a backbone or a wrapper; the rows add up to the total."""
+    backbone = getattr(model, "backbone", model)
+    rows: list[tuple[str, int]] = [("embeddings", count(backbone.embeddings))]
+    for extra in ("rope", "relative_bias"):
+        if count(getattr(backbone, extra, None)):
+            rows.append((extra.replace("_", " "), count(getattr(backbone, extra))))
+    layers = list(backbone.layers)
+    if layers:
+        first = layers[0]
+        per_layer = count(first)
+        shared = len({id(layer) for layer in layers}) == 1 and len(layers) > 1
+        parts = [f"attention {count(first.attn):,}"]
+        if first.cross_attn is not None:
+            parts.append(f"cross-attention {count(first.cross_attn):,}")
+        parts += [f"feed-forward {count(first.ffn):,}",
+                  f"norms {count(first.attn_norm) + count(first.ffn_norm) + count(first.cross_norm):,}"]
+        total_layers = per_layer if shared else per_layer * len(layers)
+        label = (f"layers: {len(layers)} sharing one block" if shared else f"layers: {len(layers)} × {per_layer:,}")
+        rows.append((f"{label} ({', '.join(parts)})", total_layers))
+    if count(getattr(backbone, "final_norm", None)):
+        rows.append(("final norm", count(backbone.final_norm)))
+    if count(getattr(backbone, "pooler", None)):
+        rows.append(("pooler", count(backbone.pooler)))
+    if backbone is not model:
+        seen = {id(p) for p in backbone.parameters()}
+        for name, child in model.named_children():
+            if child is backbone:
+                continue
+            own = sum(p.numel() for p in {id(p): p for p in child.parameters()}.values() if id(p) not in seen)
+            seen |= {id(p) for p in child.parameters()}
+            tied = " (decoder tied to the token embedding)" if own < count(child) else ""
+            rows.append((f"head {name}{tied}", own))
+    return rows
+
+
+def layer_walkthrough(cfg: ModelConfig, seq_len: int) -> list[Step]:
+    """One block's steps with the shapes of a single sequence of `seq_len` tokens."""
+    n, d, h, hk, dh, ff = seq_len, cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size
+    b = 1 if cfg.bias else 0
+    steps: list[Step] = []
+    if hk == h:
+        steps.append(Step(f"project to Q, K, V: three ({n}×{d})@({d}×{h * dh}) matmuls",
+                          3 * _mm(n, d, h * dh), 3 * (d * h * dh + b * h * dh)))
+    else:
+        kind = "MQA" if hk == 1 else "GQA"
+        steps.append(Step(f"project to Q: ({n}×{d})@({d}×{h * dh}); K and V ({kind}, {hk} key/value heads): "
+                          f"two ({n}×{d})@({d}×{hk * dh}) matmuls",
+                          _mm(n, d, h * dh) + 2 * _mm(n, d, hk * dh),
+                          d * h * dh + 2 * d * hk * dh + b * (h + 2 * hk) * dh))
+    steps.append(Step(f"split into {h} heads of ({n}×{dh})"
+                      + (f"; each K/V head is shared by {h // hk} query heads" if hk != h else "")))
+    if cfg.position == "rope":
+        steps.append(Step(f"rotate Q and K by position (RoPE, θ={cfg.rope_theta:g})", 3 * n * (h + hk) * dh))
+    scale = "" if cfg.attention_scale is None else f" (scale {cfg.attention_scale:g} instead of 1/√{dh})"
+    bias = " + relative position bias" if cfg.position == "relative_bias" else ""
+    visible = n
+    mask = "causal mask: each token sees itself and earlier tokens" if cfg.causal else "every token sees every token"
+    if cfg.sliding_window:
+        mask += f"; local layers see ±{cfg.sliding_window - 1} tokens"
+        visible = min(n, 2 * cfg.sliding_window - 1)
+    steps.append(Step(f"scores softmax(QKᵀ/√{dh}{bias}): ({h}×{n}×{n}){scale}; {mask}",
+                      h * _mm(n, dh, n) + 5 * h * n * n))
+    steps.append(Step(f"weighted sum of values: ({h}×{n}×{n})@({h}×{n}×{dh}) -> ({h}×{n}×{dh})", h * _mm(n, n, dh)))
+    steps.append(Step(f"concatenate heads -> ({n}×{h * dh}), output projection ({n}×{h * dh})@({h * dh}×{d})",
+                      _mm(n, h * dh, d), h * dh * d + b * d))
+    norm = "LayerNorm" if cfg.norm == "layernorm" else "RMSNorm"
+    norm_params = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+    if cfg.norm_placement == "post":
+        steps.append(Step(f"add & norm: {norm}(x + attention(x)) ({n}×{d})", 8 * n * d, norm_params))
+    else:
+        steps.append(Step(f"pre-norm: x + attention({norm}(x)) ({n}×{d})", 8 * n * d, norm_params))
+    if cfg.is_glu:
+        act = "GELU" if cfg.activation == "geglu" else "SiLU"
+        steps.append(Step(f"FFN {d}→{ff}→{d} ({cfg.activation}: {act}(x W_gate) ⊙ (x W_up), then W_down): "
+                          f"two ({n}×{d})@({d}×{ff}) and one ({n}×{ff})@({ff}×{d})",
+                          3 * _mm(n, d, ff), 3 * d * ff + b * (2 * ff + d)))
+    else:
+        act = {"gelu": "GELU", "gelu_tanh": "GELU (tanh)", "relu": "ReLU", "silu": "SiLU"}[cfg.activation]
+        steps.append(Step(f"FFN {d}→{ff}→{d} ({act}): ({n}×{d})@({d}×{ff}), then ({n}×{ff})@({ff}×{d})",
+                          2 * _mm(n, d, ff), 2 * d * ff + b * (ff + d)))
+    if cfg.norm_placement == "post":
+        steps.append(Step(f"add & norm: {norm}(x + FFN(x)) ({n}×{d})", 8 * n * d, norm_params))
+    else:
+        steps.append(Step(f"pre-norm: x + FFN({norm}(x)) ({n}×{d})", 8 * n * d, norm_params))
+    if visible < n:  # a local layer only computes the band of the score matrix it keeps
+        steps.append(Step(f"(a local layer needs only {visible} of {n} scores per query)"))
+    return steps
+
+
+def human(n: float) -> str:
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} "
+
+
+def describe(model: nn.Module, seq_len: int = 128, title: str = "") -> str:
+    """The text `attnlab info` prints."""
+    cfg: ModelConfig = model.config
+    lines = [f"model: {title or type(model).__name__}  ({type(model).__name__}, model_type={cfg.model_type})"]
+    lines.append("config:")
+    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "position", "norm", "norm_placement", "activation",
+                "bias", "causal", "sliding_window", "norm_eps", "tie_word_embeddings"):
+        value = getattr(cfg, key)
+        if value is not None:
+            lines.append(f"  {key:<24} {value}")
+    lines.append("parameters per component:")
+    rows = parameter_breakdown(model)
+    for name, n in rows:
+        lines.append(f"  {name:<72} {n:>14,}")
+    total = count(model)
+    lines.append(f"parameters: {total:,}")
+    steps = layer_walkthrough(cfg, seq_len)
+    lines.append(f"one layer, one sequence of {seq_len} tokens (d_model={cfg.hidden_size}, "
+                 f"{cfg.num_heads} heads of d_k={cfg.dim_head}):")
+    for i, step in enumerate(steps, 1):
+        cost = f"{human(step.flops)}FLOPs" if step.flops else ""
+        lines.append(f"  {i:>2}. {step.text:<96} {cost:>14}")
+    per_layer = sum(s.flops for s in steps)
+    lines.append(f"FLOPs per layer: {human(per_layer)}FLOP; {cfg.num_layers} layers: "
+                 f"{human(per_layer * cfg.num_layers)}FLOP per forward pass of {seq_len} tokens "
+                 f"(≈ 2 × non-embedding parameters × tokens + attention)")
+    return "\n".join(lines)

