@@ -1,0 +1,345 @@
+"""Tokenizers: text -> token ids -> text, on top of the Rust `tokenizers` library.
+
+Today this module speaks BERT's WordPiece; the `Tokenizer` wrapper itself is model-agnostic, so a
+byte-level BPE (GPT-2) loader can be added next to `build_wordpiece` later.
+
+How BERT's WordPiece turns text into ids, by hand, with a toy vocab
+{"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "un": 4, "##aff": 5, "##able": 6, "!": 7}:
+
+  1. normalize      "Unaffable!"  ->  "unaffable!"     lower-case, strip accents, clean control chars
+  2. pre-tokenize   -> ["unaffable", "!"]                split on whitespace and around punctuation
+  3. WordPiece      per word, greedy longest-match-first from the left; pieces after the first one
+                    carry the "##" prefix meaning "glued to the previous piece":
+                      "unaffable": longest vocab prefix is "un"; rest "affable" -> "##aff"; rest "##able"
+                      -> ["un", "##aff", "##able"]      (no match at some point -> the whole word is [UNK])
+  4. post-process   [CLS] un ##aff ##able ! [SEP]      -> ids [2, 4, 5, 6, 7, 3]
+                    a pair is [CLS] A [SEP] B [SEP], token_type_ids 0 for "[CLS] A [SEP]", 1 for "B [SEP]"
+
+    >>> tok = Tokenizer(build_wordpiece({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3,
+    ...                                  "un": 4, "##aff": 5, "##able": 6, "!": 7}))
+    >>> tok.convert_ids_to_tokens(tok.encode("Unaffable!"))
+    ['[CLS]', 'un', '##aff', '##able', '!', '[SEP]']
+    >>> tok.decode(tok.encode("Unaffable!"))
+    'unaffable!'
+
+Greedy matching depends on the vocab: the real bert-base-uncased vocab has no "##aff", so it
+splits the same word as ["una", "##ffa", "##ble"].
+
+Usage:
+    tok = load_tokenizer("path/to/model_dir")       # tokenizer.json, or vocab.txt (+ tokenizer_config.json)
+    batch = tok(["a sentence", "another"], padding=True, return_tensors="pt")
+    batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+    tok.save("out_dir")                              # loadable by transformers' from_pretrained too
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import tokenizers as tk
+
+__all__ = ["Tokenizer", "Encoding", "load_tokenizer", "build_wordpiece", "read_vocab"]
+
+# Role -> token for BERT; tokenizer_config.json / special_tokens_map.json may rename them.
+BERT_SPECIALS = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                 "pad_token": "[PAD]", "mask_token": "[MASK]"}
+REQUIRED_WORDPIECE = ("unk_token", "cls_token", "sep_token", "pad_token")  # [MASK] only matters for MLM
+DEFAULT_MAX_LENGTH = 512
+_UNSET_MAX_LENGTH = 1_000_000  # transformers writes ~1e30 to mean "no limit"; treat as unset
+
+
+# ----------------------------------------------------------------------------------------------
+# Building / loading
+
+def read_vocab(path: str | Path) -> dict[str, int]:
+    """vocab.txt -> {token: line number}. One token per line, as BERT ships it."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the file's final newline is not an empty token
+    # Strip "\r" too: a vocab saved with CRLF endings would otherwise glue "\r" onto every token.
+    vocab = {line.rstrip("\r"): i for i, line in enumerate(lines)}  # duplicates: last wins, as in BERT
+    if not vocab:
+        raise ValueError(f"vocab file {path} is empty (expected one token per line)")
+    return vocab
+
+
+def _check_specials(vocab: dict[str, int], specials: dict[str, str], source: Any) -> None:
+    for role in REQUIRED_WORDPIECE:
+        if specials[role] not in vocab:
+            raise ValueError(f"{source}: vocab has no {specials[role]!r} token (needed as {role}); "
+                             f"a BERT WordPiece vocab must contain "
+                             f"{', '.join(specials[r] for r in REQUIRED_WORDPIECE)}")
+
+
+def build_wordpiece(vocab: dict[str, int], *, lowercase: bool = True, strip_accents: bool | None = None,
+                    chinese_chars: bool = True, specials: dict[str, str] | None = None,
+                    source: Any = "<vocab>") -> tk.Tokenizer:
+    """The BERT pipeline (normalizer, pre-tokenizer, WordPiece, [CLS]/[SEP] template) for `vocab`."""
+    specials = {**BERT_SPECIALS, **(specials or {})}
+    _check_specials(vocab, specials, source)
+    unk, cls, sep = specials["unk_token"], specials["cls_token"], specials["sep_token"]
+    backend = tk.Tokenizer(tk.models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##",
+                                               max_input_chars_per_word=100))
+    # strip_accents=None means "follow lowercase", exactly as original BERT's uncased/cased models.
+    backend.normalizer = tk.normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=chinese_chars,
+                                                       strip_accents=strip_accents, lowercase=lowercase)
+    backend.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+    backend.decoder = tk.decoders.WordPiece(prefix="##", cleanup=True)
+    backend.post_processor = tk.processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+    # Registering specials keeps "[SEP]" typed in the text as one token and lets decode skip them;
+    # normalized=False so lower-casing cannot turn "[CLS]" into "[cls]" before matching.
+    backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False)
+                                for t in specials.values() if t in vocab])
+    return backend
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _token_str(value: Any) -> str:
+    # transformers stores special tokens either as "[CLS]" or as {"content": "[CLS]", ...}
+    return value["content"] if isinstance(value, dict) else str(value)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load from a model directory, a tokenizer.json file, or a vocab.txt file.
+
+    A directory prefers tokenizer.json over vocab.txt. Settings (special tokens, do_lower_case,
+    strip_accents, tokenize_chinese_chars, model_max_length) come from tokenizer_config.json /
+    special_tokens_map.json next to the file, with BERT defaults otherwise.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"tokenizer path {path} does not exist (expected a directory holding "
+                                f"tokenizer.json or vocab.txt, or the path of one of those files)")
+    folder = path if path.is_dir() else path.parent
+    if path.is_dir():
+        found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
+        if not found:
+            raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt")
+        path = found[0]
+    config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
+    max_length = config.get("model_max_length")
+    if not isinstance(max_length, int) or max_length >= _UNSET_MAX_LENGTH:
+        # BERT-style configs know their position budget; RoBERTa-style ones (514) must set
+        # model_max_length in tokenizer_config.json instead.
+        max_length = _read_json(folder / "config.json").get("max_position_embeddings", DEFAULT_MAX_LENGTH)
+
+    backend = tk.Tokenizer.from_file(str(path)) if path.suffix == ".json" else None
+    wordpiece = backend is None or isinstance(backend.model, tk.models.WordPiece)
+    specials = dict(BERT_SPECIALS) if wordpiece else {}  # BPE defaults will differ
+    specials.update({role: _token_str(config[role]) for role in BERT_SPECIALS if config.get(role)})
+    if backend is not None:
+        if wordpiece:
+            _check_specials(backend.get_vocab(), specials, path)
+    else:
+        backend = build_wordpiece(read_vocab(path), lowercase=config.get("do_lower_case", True),
+                                  strip_accents=config.get("strip_accents"),
+                                  chinese_chars=config.get("tokenize_chinese_chars", True),
+                                  specials=specials, source=path)
+    return Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# The wrapper
+
+class Encoding(dict):
+    """The result of `Tokenizer.__call__`: input_ids, token_type_ids, attention_mask (+ offset_mapping).
+
+    A plain dict (so `model(**batch)` works) that also allows `batch.input_ids`. The raw
+    `tokenizers.Encoding` objects stay in `.encodings` for `tokens(i)` and `word_ids(i)`
+    (word_ids align sub-word tokens with words, e.g. for NER labels).
+    """
+
+    encodings: list
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def tokens(self, i: int = 0) -> list[str]:
+        return self.encodings[i].tokens
+
+    def word_ids(self, i: int = 0) -> list[int | None]:
+        return self.encodings[i].word_ids
+
+
+class Tokenizer:
+    """Thin, readable wrapper around a `tokenizers.Tokenizer` with a transformers-like call API."""
+
+    def __init__(self, backend: tk.Tokenizer, *, specials: dict[str, str] | None = None,
+                 model_max_length: int = DEFAULT_MAX_LENGTH, name: str = ""):
+        self.backend = backend
+        self.special_tokens = dict(BERT_SPECIALS if specials is None else specials)  # role -> token
+        self.model_max_length = model_max_length
+        self.name = name
+        # Truncation/padding are per call, so wipe whatever a tokenizer.json baked in (MiniLM's pads
+        # everything to 128). The backend holds them as state, hence the lock around each call.
+        backend.no_truncation()
+        backend.no_padding()
+        self._lock = threading.Lock()
+
+    # ---- special tokens and vocab ----
+    def _special_id(self, role: str) -> int | None:
+        token = self.special_tokens.get(role)
+        return None if token is None else self.backend.token_to_id(token)
+
+    pad_token_id = property(lambda self: self._special_id("pad_token"))
+    cls_token_id = property(lambda self: self._special_id("cls_token"))
+    sep_token_id = property(lambda self: self._special_id("sep_token"))
+    mask_token_id = property(lambda self: self._special_id("mask_token"))
+    unk_token_id = property(lambda self: self._special_id("unk_token"))
+
+    @property
+    def special_ids(self) -> set[int]:
+        ids = {self._special_id(role) for role in self.special_tokens}
+        ids |= {i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
+        return ids - {None}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend.get_vocab(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str | None] | None:
+        if isinstance(ids, int):
+            return self.backend.id_to_token(ids)
+        return [self.backend.id_to_token(int(i)) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> int | list[int]:
+        def one(token: str) -> int:
+            i = self.backend.token_to_id(token)
+            return self.unk_token_id if i is None else i
+        return one(tokens) if isinstance(tokens, str) else [one(t) for t in tokens]
+
+    # ---- encoding ----
+    def __call__(self, text: str | Sequence, text_pair: str | Sequence | None = None, *,
+                 max_length: int | None = None, truncation: bool | str = True,
+                 padding: bool | str = False, return_tensors: str | None = None,
+                 return_offsets: bool = False, add_special_tokens: bool = True,
+                 is_split_into_words: bool = False) -> Encoding:
+        """Encode one text, a pair, or a batch of either.
+
+        text: str | list[str] | list[(a, b)] pairs; with is_split_into_words=True, a list of words
+        (or a batch of them) whose offsets are then relative to each word.
+        truncation: True = "longest_first" (drop tokens from the longer of a pair, as BERT did),
+        or "only_first" / "only_second"; the limit is max_length or else model_max_length.
+        padding: False, True / "longest" (to the batch's longest), or "max_length".
+        Single inputs give flat lists; return_tensors="pt" always gives (batch, seq) torch.long.
+        """
+        if is_split_into_words:
+            batched = len(text) > 0 and not isinstance(text[0], str)
+        else:
+            batched = not isinstance(text, str)
+        texts = list(text) if batched else [text]
+        if text_pair is not None:
+            pairs = list(text_pair) if batched else [text_pair]
+            if len(pairs) != len(texts):
+                raise ValueError(f"got {len(texts)} texts but {len(pairs)} text_pairs")
+            inputs = list(zip(texts, pairs))
+        else:  # a batch may itself hold (a, b) pairs
+            inputs = [tuple(t) if isinstance(t, (tuple, list)) and not is_split_into_words else t
+                      for t in texts]
+        length = max_length or self.model_max_length
+        strategy = "longest_first" if truncation is True else truncation
+        if padding is True:
+            padding = "longest"
+        if padding not in (False, "do_not_pad", "longest", "max_length"):
+            raise ValueError(f"padding must be False, True, 'longest' or 'max_length', not {padding!r}")
+
+        with self._lock:
+            try:
+                if strategy:
+                    self.backend.enable_truncation(length, strategy=strategy)
+                if padding in ("longest", "max_length"):
+                    if self.pad_token_id is None:
+                        raise ValueError(f"{self.name or 'tokenizer'} has no pad token; cannot pad")
+                    self.backend.enable_padding(pad_id=self.pad_token_id, pad_token=self.special_tokens["pad_token"],
+                                                length=length if padding == "max_length" else None)
+                # encode_batch runs in parallel threads in Rust, even for a batch of one.
+                encodings = self.backend.encode_batch(inputs, is_pretokenized=is_split_into_words,
+                                                      add_special_tokens=add_special_tokens)
+            finally:
+                self.backend.no_truncation()
+                self.backend.no_padding()
+
+        out = Encoding(input_ids=[e.ids for e in encodings],
+                       token_type_ids=[e.type_ids for e in encodings],
+                       attention_mask=[e.attention_mask for e in encodings])
+        if return_offsets:
+            out["offset_mapping"] = [e.offsets for e in encodings]
+        if return_tensors == "pt":
+            import torch  # lazy: tokenizing needs no torch
+            if len({len(ids) for ids in out["input_ids"]}) > 1:
+                raise ValueError("sequences have different lengths; pass padding=True (or 'max_length') "
+                                 "to get tensors")
+            for key, value in out.items():
+                out[key] = torch.tensor(value, dtype=torch.long)
+        elif return_tensors is not None:
+            raise ValueError(f"return_tensors must be None or 'pt', not {return_tensors!r}")
+        elif not batched:
+            for key, value in out.items():
+                out[key] = value[0]
+        out.encodings = encodings
+        return out
+
+    def encode(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None, *,
+               add_special_tokens: bool = True, truncation: bool | str = False,
+               max_length: int | None = None) -> list[int]:
+        """Ids of one text (or pair). Unlike __call__, no truncation unless asked: for long documents."""
+        return self(text, text_pair, truncation=truncation, max_length=max_length,
+                    add_special_tokens=add_special_tokens,
+                    is_split_into_words=not isinstance(text, str))["input_ids"]
+
+    def decode(self, ids: Sequence[int] | Any, skip_special_tokens: bool = True) -> str:
+        if hasattr(ids, "tolist"):  # torch / numpy
+            ids = ids.tolist()
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, batch: Sequence[Sequence[int]] | Any, skip_special_tokens: bool = True) -> list[str]:
+        if hasattr(batch, "tolist"):
+            batch = batch.tolist()
+        return self.backend.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
+
+    # ---- saving ----
+    def save(self, directory: str | Path) -> Path:
+        """Write tokenizer.json, tokenizer_config.json and (for WordPiece) vocab.txt.
+
+        transformers' AutoTokenizer / BertTokenizerFast `.from_pretrained(directory)` loads the result.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with self._lock:  # truncation/padding are off between calls, so the JSON carries neither
+            self.backend.save(str(directory / "tokenizer.json"))
+            spec = json.loads(self.backend.to_str())
+        config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                                  "model_max_length": self.model_max_length, **self.special_tokens}
+        if isinstance(self.backend.model, tk.models.WordPiece):
+            config["tokenizer_class"] = "BertTokenizer"
+            vocab = self.backend.get_vocab(with_added_tokens=False)
+            tokens = sorted(vocab, key=vocab.get)
+            (directory / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+        normalizer = spec.get("normalizer") or {}
+        if normalizer.get("type") == "BertNormalizer":  # so a vocab.txt-only reload behaves the same
+            config.update(do_lower_case=normalizer["lowercase"], strip_accents=normalizer["strip_accents"],
+                          tokenize_chinese_chars=normalizer["handle_chinese_chars"])
+        (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        return directory
+
+    def __repr__(self) -> str:
+        model = type(self.backend.model).__name__
+        return (f"Tokenizer({model}, vocab_size={self.vocab_size}, model_max_length={self.model_max_length}, "
+                f"name={self.name!r})")
