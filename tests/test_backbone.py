@@ -1,0 +1,123 @@
+"""The switches of ModelConfig: each builds, runs, and does what the notes say it does."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.config import ModelConfig
+from attnlab.models import Encoder
+from attnlab.nn import Block, FeedForward
+
+
+def tiny(**kw):
+    base = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
+                max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)
+    return ModelConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("position,norm,placement,activation,bias", list(itertools.product(
+    ["learned", "sinusoidal", "rope", "relative_bias", "none"], ["layernorm", "rmsnorm"], ["post", "pre"],
+    ["relu", "gelu", "gelu_tanh", "geglu", "swiglu"], [True, False]))[::7])
+def test_every_switch_combination_runs_and_sdpa_equals_eager(position, norm, placement, activation, bias):
+    torch.manual_seed(0)
+    cfg = tiny(position=position, norm=norm, norm_placement=placement, activation=activation, bias=bias,
+               num_kv_heads=2)
+    model = Encoder(cfg).eval()
+    ids = torch.randint(1, 97, (2, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    fused = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert fused.shape == (2, 11, 32) and torch.isfinite(fused).all()
+    assert (fused - out.last_hidden_state)[mask.bool()].abs().max() <= 1e-5
+    assert not bias or any(n.endswith("bias") for n, _ in model.named_parameters())
+    if not bias:
+        assert not any(n.endswith(".bias") for n, _ in model.named_parameters() if "pooler" not in n)
+
+
+def test_post_ln_and_pre_ln_are_the_formulas():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32)
+    for placement in ("post", "pre"):
+        block = Block(tiny(norm_placement=placement)).eval()
+        got, _ = block(x)
+        a = block.attn(block.attn_norm(x) if placement == "pre" else x)[0]
+        if placement == "post":
+            h = block.attn_norm(x + a)
+            expect = block.ffn_norm(h + block.ffn(h))
+        else:
+            h = x + a
+            expect = h + block.ffn(block.ffn_norm(h))
+        assert torch.allclose(got, expect, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "geglu", "swiglu"])
+def test_feedforward_activations(activation):
+    torch.manual_seed(0)
+    ffn = FeedForward(tiny(activation=activation))
+    x = torch.randn(3, 32)
+    up = ffn.up(x)
+    if activation == "geglu":
+        expect = ffn.down(F.gelu(ffn.gate(x)) * up)
+    elif activation == "swiglu":
+        expect = ffn.down(F.silu(ffn.gate(x)) * up)
+    else:
+        act = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
+        expect = ffn.down(act(up))
+        assert ffn.gate is None
+    assert torch.allclose(ffn(x), expect, atol=1e-6)
+
+
+def test_causal_stack_never_looks_ahead():
+    torch.manual_seed(0)
+    model = Encoder(tiny(causal=True, norm_placement="pre", pooler=False)).eval()
+    ids = torch.randint(1, 97, (1, 12))
+    a = model(input_ids=ids).last_hidden_state
+    changed = ids.clone()
+    changed[0, 8:] = (changed[0, 8:] + 1) % 97
+    b = model(input_ids=changed).last_hidden_state
+    assert torch.allclose(a[:, :8], b[:, :8], atol=1e-6)
+    assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-3)
+
+
+def test_sliding_window_cannot_see_beyond_window():
+    torch.manual_seed(0)
+    model = Encoder(tiny(sliding_window=3, num_layers=1, position="rope")).eval()
+    ids = torch.randint(1, 97, (1, 16))
+    a = model(input_ids=ids).last_hidden_state
+    changed = ids.clone()
+    changed[0, 15] = (changed[0, 15] + 1) % 97
+    b = model(input_ids=changed).last_hidden_state
+    # one local layer: position p sees p-2..p+2, so only 13, 14, 15 may change
+    diff = (a - b).abs().amax(-1)[0]
+    assert (diff[:13] < 1e-6).all() and (diff[13:] > 1e-6).all()
+
+
+def test_padding_does_not_change_real_tokens():
+    torch.manual_seed(0)
+    model = Encoder(tiny()).eval()
+    ids = torch.randint(1, 97, (1, 7))
+    alone = model(input_ids=ids).last_hidden_state
+    padded = torch.cat([ids, torch.zeros(1, 5, dtype=torch.long)], 1)
+    mask = torch.cat([torch.ones(1, 7), torch.zeros(1, 5)], 1).long()
+    both = model(input_ids=padded, attention_mask=mask).last_hidden_state
+    assert torch.allclose(alone, both[:, :7], atol=1e-6)
+
+
+def test_factorized_embeddings_shrink_parameters():
+    full = Encoder(tiny(vocab_size=5000, hidden_size=64, num_heads=4)).num_parameters()
+    factorized = Encoder(tiny(vocab_size=5000, hidden_size=64, num_heads=4, embedding_size=16)).num_parameters()
+    assert factorized < full - 5000 * 40
+    out = Encoder(tiny(embedding_size=16))(input_ids=torch.tensor([[1, 2, 3]])).last_hidden_state
+    assert out.shape == (1, 3, 32)
+
+
+def test_dropout_only_in_training():
+    cfg = tiny(dropout=0.5, attention_dropout=0.5)
+    model = Encoder(cfg)
+    ids = torch.randint(1, 97, (2, 9))
+    model.train()
+    assert not torch.allclose(model(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state)
+    model.eval()
+    assert torch.equal(model(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state)
