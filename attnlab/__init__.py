@@ -17,14 +17,17 @@ from .models import Encoder, Model, ModelOutput
 __version__ = "0.1.0"
 
 
-def load(name_or_path: str | Path, architecture: str | None = None, dtype=None, device=None) -> Model:
+def load(name_or_path: str | Path, architecture: str | None = None, dtype=None, device=None,
+         extra: dict | None = None) -> Model:
     """Load a model directory in the Hugging Face layout (config.json + safetensors / pytorch_model.bin).
 
     `architecture` chooses the head wrapper (e.g. "BertForPreTraining"); default: what config.json says.
+    `extra` adds values to config.extra before the model is built (id2label for a new classifier head).
     """
     from .interop.hf import load_pretrained
     from .interop.local import resolve
-    return load_pretrained(resolve(name_or_path), architecture=architecture, dtype=dtype, device=device)
+    return load_pretrained(resolve(name_or_path), architecture=architecture, dtype=dtype, device=device,
+                           extra=extra)
 
 
 def load_tokenizer(name_or_path: str | Path):

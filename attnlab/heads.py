@@ -5,6 +5,8 @@ are given)`. The backbone knows nothing of them (DESIGN: heads and objectives wr
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,9 +50,11 @@ class NSPHead(nn.Module):
 class _WithBackbone(Model):
     """Shared plumbing of wrappers: a backbone built from the same config, weights tied after init."""
 
+    uses_pooler = True  # HF's token-level heads build BERT with add_pooling_layer=False
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.backbone = Encoder(config)
+        self.backbone = Encoder(config if self.uses_pooler else replace(config, pooler=False))
 
     def _run_backbone(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                       inputs_embeds=None, output_attentions=False, output_hidden_states=False) -> ModelOutput:
@@ -74,12 +78,21 @@ class MaskedLM(_WithBackbone):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
-                output_hidden_states=False) -> ModelOutput:
+                output_hidden_states=False, masked_positions: torch.Tensor | None = None) -> ModelOutput:
+        """masked_positions (bool, batch x seq): sparse prediction. Only those positions go through the
+        head, so `logits` is (n_selected, vocab) and (batch, seq) labels are gathered the same way. The
+        vocab projection is the largest matmul of a small model; pretraining predicts ~15% of tokens."""
         out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                  output_attentions, output_hidden_states)
-        out.logits = self.mlm(out.last_hidden_state)
+        hidden = out.last_hidden_state
+        if masked_positions is not None:
+            hidden = hidden[masked_positions]
+            if labels is not None and labels.shape == masked_positions.shape:
+                labels = labels[masked_positions]
+        out.logits = self.mlm(hidden)
         if labels is not None:  # -100 marks positions that were not selected for prediction
-            out.loss = F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            out.loss = F.cross_entropy(out.logits.reshape(-1, out.logits.size(-1)).float(), labels.flatten(),
+                                       ignore_index=-100)
         return out
 
 
@@ -96,13 +109,114 @@ class PreTraining(MaskedLM):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels: torch.Tensor | None = None,
                 next_sentence_label: torch.Tensor | None = None, output_attentions=False,
-                output_hidden_states=False) -> ModelOutput:
+                output_hidden_states=False, masked_positions: torch.Tensor | None = None) -> ModelOutput:
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, labels,
-                              output_attentions, output_hidden_states)
+                              output_attentions, output_hidden_states, masked_positions)
         if out.pooler_output is None:
             raise ValueError("the NSP head reads the pooled [CLS] vector; this config has pooler=False")
         out.extra["nsp_logits"] = self.nsp(out.pooler_output)
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(out.extra["nsp_logits"].float(), next_sentence_label)
             out.loss = nsp_loss if out.loss is None else out.loss + nsp_loss
+        return out
+
+
+# ----------------------------------------------------------------------------------- fine-tuning heads
+def num_labels(config: ModelConfig) -> int:
+    """How many outputs a classification head has: the size of `id2label` when config.json names the
+    labels, else `num_labels`, else 2 (the Hugging Face default)."""
+    if config.extra.get("id2label"):
+        return len(config.extra["id2label"])
+    return int(config.extra.get("num_labels", 2))
+
+
+def is_regression(config: ModelConfig) -> bool:
+    """STS-B style: one real-valued output trained with MSE (HF infers the same from num_labels == 1)."""
+    return config.extra.get("problem_type") == "regression" or num_labels(config) == 1
+
+
+def _head_dropout(config: ModelConfig) -> nn.Dropout:
+    p = config.extra.get("classifier_dropout")
+    return nn.Dropout(config.dropout if p is None else p)
+
+
+class SequenceClassification(_WithBackbone):
+    """Encoder + dropout + linear on the pooled [CLS] vector: BertForSequenceClassification (BERT §4.1).
+    One output with MSE loss for regression (STS-B), else cross-entropy over `num_labels` classes."""
+    hf_architecture = "BertForSequenceClassification"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.dropout = _head_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
+        self.init_weights()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
+                output_hidden_states=False) -> ModelOutput:
+        out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                 output_attentions, output_hidden_states)
+        if out.pooler_output is None:
+            raise ValueError("sequence classification reads the pooled [CLS] vector; this config has pooler=False")
+        out.logits = self.classifier(self.dropout(out.pooler_output))
+        if labels is not None:
+            if is_regression(self.config):
+                out.loss = F.mse_loss(out.logits.squeeze(-1).float(), labels.float())
+            else:
+                out.loss = F.cross_entropy(out.logits.float(), labels)
+        return out
+
+
+class TokenClassification(_WithBackbone):
+    """Encoder + dropout + linear on every token: BertForTokenClassification (NER, BERT §5.3).
+    Labels of -100 (padding, non-first sub-tokens, specials) are left out of the loss."""
+    hf_architecture = "BertForTokenClassification"
+    uses_pooler = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.dropout = _head_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
+        self.init_weights()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
+                output_hidden_states=False) -> ModelOutput:
+        out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                 output_attentions, output_hidden_states)
+        out.logits = self.classifier(self.dropout(out.last_hidden_state))
+        if labels is not None:
+            out.loss = F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return out
+
+
+class QuestionAnswering(_WithBackbone):
+    """Encoder + one linear layer giving each token a start and an end score: BertForQuestionAnswering
+    (BERT §4.2, SQuAD). `logits` is (batch, seq, 2); `start_logits` / `end_logits` are its halves. The loss
+    is the mean of start and end cross-entropies; positions beyond the sequence are clamped and ignored."""
+    hf_architecture = "BertForQuestionAnswering"
+    uses_pooler = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        if num_labels(config) != 2:  # transformers sizes qa_outputs by num_labels: a saved config must say 2
+            config.extra = {k: v for k, v in config.extra.items() if k not in ("id2label", "label2id")}
+            config.extra["num_labels"] = 2
+        super().__init__(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, start_positions: torch.Tensor | None = None,
+                end_positions: torch.Tensor | None = None, output_attentions=False,
+                output_hidden_states=False) -> ModelOutput:
+        out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                 output_attentions, output_hidden_states)
+        out.logits = self.qa_outputs(out.last_hidden_state)
+        start, end = out.logits.unbind(-1)
+        out.extra["start_logits"], out.extra["end_logits"] = start, end
+        if start_positions is not None and end_positions is not None:
+            t = start.shape[1]
+            s, e = start_positions.clamp(0, t), end_positions.clamp(0, t)  # t = "outside", ignored
+            out.loss = (F.cross_entropy(start.float(), s, ignore_index=t)
+                        + F.cross_entropy(end.float(), e, ignore_index=t)) / 2
         return out

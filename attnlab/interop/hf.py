@@ -200,6 +200,8 @@ BERT_MLM: list[Row] = [
     ("mlm.decoder", "cls.predictions.decoder"),
 ]
 BERT_NSP: list[Row] = [("nsp.linear", "cls.seq_relationship")]
+BERT_CLASSIFIER: list[Row] = [("classifier", "classifier")]  # sequence and token classification
+BERT_QA: list[Row] = [("qa_outputs", "qa_outputs")]
 
 
 def register(family: Family) -> Family:
@@ -208,13 +210,16 @@ def register(family: Family) -> Family:
 
 
 def _bert_family() -> Family:
-    from ..heads import MaskedLM, PreTraining
+    from ..heads import MaskedLM, PreTraining, QuestionAnswering, SequenceClassification, TokenClassification
     from ..models.encoder import Encoder
     return Family(
         model_type="bert", config_from_hf=bert_config_from_hf, config_to_hf=bert_config_to_hf,
         backbone_rows=BERT_BACKBONE, backbone_prefix="bert.",
         architectures={"BertModel": (Encoder, []), "BertForMaskedLM": (MaskedLM, BERT_MLM),
-                       "BertForPreTraining": (PreTraining, BERT_MLM + BERT_NSP)},
+                       "BertForPreTraining": (PreTraining, BERT_MLM + BERT_NSP),
+                       "BertForSequenceClassification": (SequenceClassification, BERT_CLASSIFIER),
+                       "BertForTokenClassification": (TokenClassification, BERT_CLASSIFIER),
+                       "BertForQuestionAnswering": (QuestionAnswering, BERT_QA)},
         default_architecture="BertModel",
         ignore=("embeddings.position_ids", "cls.predictions.decoder.bias"))
 
@@ -281,15 +286,18 @@ def config_from_hf_dir(directory: Path) -> tuple[ModelConfig, dict]:
 
 
 def load_pretrained(directory: str | Path, architecture: str | None = None,
-                    dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> Model:
+                    dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                    extra: dict | None = None) -> Model:
     """Load a Hugging Face directory into the matching attnlab model.
 
     `architecture` picks the wrapper (e.g. "BertForPreTraining"); by default the one config.json names.
     Backbone-only weights loaded into a head wrapper leave the head freshly initialised, with a warning
     naming those tensors (the fine-tuning case); head weights loaded as a backbone are dropped with a note.
+    `extra` is merged into config.extra before the model is built (e.g. id2label for a new classifier).
     """
     directory = Path(directory)
     config, hf = config_from_hf_dir(directory)
+    config.extra.update(extra or {})
     family = FAMILIES[config.model_type]
     arch = architecture or (hf.get("architectures") or [family.default_architecture])[0]
     if arch not in family.architectures:
@@ -409,3 +417,8 @@ def save_pretrained(model: Model, directory: str | Path) -> Path:
     atomic_write(directory / "config.json",
                  lambda tmp: Path(tmp).write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n"))
     return directory
+
+
+# ----------------------------------------------------------------------------------- other families
+# Imported last: each module registers its Family with the helpers defined above.
+from . import gpt2, llama  # noqa: E402,F401
