@@ -24,6 +24,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
+	sh scripts/ensure-chromium.sh  # for the real-browser tests; skips itself when chromium is there
 	$(PY) -m pytest -q tests
 
 clean:

@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # The order here is the order `attnlab --help` lists them in.
-COMMANDS = ["info", "embed"]
+COMMANDS = ["info", "embed", "viz", "finetune", "evaluate", "predict"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,51 @@
+"""Write a model's attention for a text as ONE self-contained HTML page (works offline in any browser),
+and optionally PNG heatmaps for reports.
+
+views: head (lines between tokens, per layer and head), model (every layer × head as a small map),
+neuron (query, keys, q·k, scaled score and softmax for one token). The page has all three; --view only
+says which one opens first.
+
+examples:
+  attnlab viz minilm --text "The cat sat on the mat."
+  attnlab viz minilm --text "The cat sat." --text-b "It was happy." --output pair.html --view model
+  attnlab viz minilm --text "The cat sat." --view neuron --layer 2 --head 5 --png
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "viz"
+HELP = "attention views (head / model / neuron) as one self-contained HTML page; --png for heatmaps"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="a model directory or packaged model name (e.g. minilm)")
+    p.add_argument("--text", required=True, help="the text to look inside")
+    p.add_argument("--text-b", help="a second sentence: the pair is encoded as [CLS] A [SEP] B [SEP]")
+    p.add_argument("--output", "-o", default="attn.html", help="the HTML file to write (default attn.html)")
+    p.add_argument("--view", choices=("head", "model", "neuron"), default="head", help="the view it opens on")
+    p.add_argument("--layer", type=int, default=0, help="layer it opens on (default 0)")
+    p.add_argument("--head", type=int, default=None, help="head it opens on (default: all heads)")
+    p.add_argument("--png", action="store_true",
+                   help="also write heatmaps: OUTPUT.png (every layer × head) and OUTPUT-L<l>H<h>.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    import attnlab
+    from ..viz.attention import extract_text
+    from ..viz.page import render_page, write_page
+    model = attnlab.load(args.model)
+    tokenizer = attnlab.load_tokenizer(args.model)
+    title = Path(str(args.model)).name
+    data = extract_text(model, tokenizer, args.text, args.text_b, neuron=True, neuron_fallback=max(args.layer, 0),
+                        title=title)
+    page = write_page(args.output, render_page(data, view=args.view, layer=args.layer, head=args.head))
+    print(f"wrote {page} ({page.stat().st_size / 1e3:.0f} kB, {len(data.tokens)} tokens, "
+          f"{data.num_layers} layers × {data.num_heads} heads); open it in any browser")
+    if args.png:
+        from ..viz.heatmaps import save_heatmaps
+        for png in save_heatmaps(data, Path(args.output).with_suffix(".png"), layer=args.layer,
+                                 head=args.head or 0):
+            print(f"wrote {png}")
+    return 0

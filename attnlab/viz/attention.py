@@ -1,0 +1,225 @@
+"""What the attention pages show, taken from a model: tokens, the attention weights of every layer and
+head, and (for the neuron view) the queries and keys those weights were computed from.
+
+The weights come from the model's explicit path, `model(..., output_attentions=True).attentions`, so the
+page shows exactly what the model computed. Queries and keys are caught with forward hooks on each
+layer's `attn.q` / `attn.k` projections and then put through the same steps attention takes (split into
+heads, RoPE, GQA sharing), so that in the neuron view
+
+    softmax(q · k / sqrt(d_k) + bias) == the model's weights
+
+`AttentionData` is the generic input of the page: any model that can give tokens and per-layer weights
+(an encoder, a decoder with `causal=True`, the cross-attention of an encoder-decoder) plugs in by
+building one directly.
+
+    >>> data = AttentionData(tokens=["[CLS]", "hi", "[SEP]"], layers=[torch.full((1, 3, 3), 1 / 3)])
+    >>> data.num_layers, data.num_heads
+    (1, 1)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from ..nn.attention import AttentionMask
+from ..nn.positions import apply_rotary
+
+# Above this many numbers (queries + keys) the page keeps them for one layer only: a bert-base page of
+# 128 tokens would otherwise weigh tens of megabytes.
+NEURON_BUDGET = 600_000
+
+
+@dataclass
+class AttentionData:
+    """Everything a page draws. Tensors are CPU float; H heads, T query tokens, S key tokens.
+
+    tokens         the sequence whose attention is shown (queries; also keys of self-attention)
+    layers         per layer, self-attention weights (H, T, T); rows sum to 1
+    causal         a decoder: token i sees only j <= i (the upper triangle is zero)
+    segments       per token 0 (sentence A) or 1 (sentence B), for BERT pairs
+    cross          per layer, cross-attention weights (H, T, S) of an encoder-decoder
+    source_tokens  the S tokens cross-attention reads (the encoder's input)
+    queries, keys  {layer: (H, T, d_k)}: after RoPE, keys repeated per query head under GQA
+    scale          the factor on q·k (1/sqrt(d_k) unless the config says otherwise)
+    bias           {layer: (H, T, T)} added to the scores before the softmax (T5's relative bias)
+    allowed        {layer: (T, T) bool}: which keys each query may see (causal / sliding window)
+    """
+    tokens: list[str]
+    layers: list[torch.Tensor]
+    causal: bool = False
+    segments: list[int] | None = None
+    cross: list[torch.Tensor] | None = None
+    source_tokens: list[str] | None = None
+    queries: dict[int, torch.Tensor] = field(default_factory=dict)
+    keys: dict[int, torch.Tensor] = field(default_factory=dict)
+    scale: float | None = None
+    bias: dict[int, torch.Tensor] = field(default_factory=dict)
+    allowed: dict[int, torch.Tensor] = field(default_factory=dict)
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        self.layers = [_as_heads(w, f"layers[{i}]") for i, w in enumerate(self.layers)]
+        if not self.layers:
+            raise ValueError("attention data needs at least one layer of weights")
+        t = len(self.tokens)
+        for i, w in enumerate(self.layers):
+            if w.shape[1:] != (t, t) or w.shape[0] != self.layers[0].shape[0]:
+                raise ValueError(f"layers[{i}] has shape {tuple(w.shape)}; expected ({self.layers[0].shape[0]}, "
+                                 f"{t}, {t}) for {t} tokens")
+        if self.segments is not None and len(self.segments) != t:
+            raise ValueError(f"segments has {len(self.segments)} entries for {t} tokens")
+        if self.cross is not None:
+            self.cross = [_as_heads(w, f"cross[{i}]") for i, w in enumerate(self.cross)]
+            s = len(self.source_tokens or [])
+            for i, w in enumerate(self.cross):
+                if w.shape[1:] != (t, s):
+                    raise ValueError(f"cross[{i}] has shape {tuple(w.shape)}; expected (heads, {t}, {s}) "
+                                     f"for {t} tokens reading {s} source_tokens")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_heads(self) -> int:
+        return self.layers[0].shape[0]
+
+    def to_json(self, digits: int = 4) -> dict[str, Any]:
+        """Plain lists for the page, rounded: 4 decimals keep weights exact to 5e-5, a third of the size."""
+        def r(x: torch.Tensor) -> Any:
+            return torch.round(x.double(), decimals=digits).tolist()  # float64: no 0.12340000271 tails
+
+        out: dict[str, Any] = {
+            "title": self.title, "tokens": list(self.tokens), "causal": self.causal,
+            "segments": self.segments, "layers": [r(w) for w in self.layers],
+            "cross": [r(w) for w in self.cross] if self.cross is not None else None,
+            "sourceTokens": self.source_tokens,
+            "scale": self.scale,
+            # keyed by layer number as a string: JSON objects have string keys
+            "queries": {str(i): r(q) for i, q in self.queries.items()},
+            "keys": {str(i): r(k) for i, k in self.keys.items()},
+            "bias": {str(i): r(b) for i, b in self.bias.items()},
+            "allowed": {str(i): a.int().tolist() for i, a in self.allowed.items()},
+        }
+        return out
+
+
+def _as_heads(w: torch.Tensor, name: str) -> torch.Tensor:
+    """(1, H, T, S) as the model returns it, or (H, T, S) -> (H, T, S) float on the CPU."""
+    w = torch.as_tensor(w).detach().float().cpu()
+    if w.dim() == 4:
+        if w.size(0) != 1:
+            raise ValueError(f"{name}: one sequence at a time, got a batch of {w.size(0)}")
+        w = w[0]
+    if w.dim() != 3:
+        raise ValueError(f"{name}: expected (heads, queries, keys), got shape {tuple(w.shape)}")
+    return w
+
+
+def _backbone(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "backbone", model)
+
+
+def _is_local(backbone: torch.nn.Module, layer_idx: int) -> bool:
+    is_local = getattr(backbone, "_is_local", None)
+    return bool(is_local(layer_idx)) if is_local is not None else False
+
+
+@torch.no_grad()
+def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[str], *,
+            token_type_ids: torch.Tensor | None = None, neuron: bool | Sequence[int] = True,
+            neuron_fallback: int = 0, title: str = "") -> AttentionData:
+    """Run `model` on one sequence and collect its attention.
+
+    input_ids (1, T) or (T,); `neuron`: True for queries/keys of every layer if they fit NEURON_BUDGET
+    (else of layer `neuron_fallback` only), False for none, or a list of layer numbers.
+    """
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.size(0) != 1:
+        raise ValueError(f"extract shows one sequence at a time, got a batch of {input_ids.size(0)}")
+    if input_ids.size(1) != len(tokens):
+        raise ValueError(f"{input_ids.size(1)} input ids but {len(tokens)} tokens")
+    if token_type_ids is not None:
+        token_type_ids = torch.as_tensor(token_type_ids).reshape(1, -1)
+    backbone = _backbone(model)
+    cfg = backbone.config
+    t, h, dh = input_ids.size(1), cfg.num_heads, cfg.dim_head
+    if neuron is True:
+        per_layer = 2 * h * t * dh
+        neuron = range(cfg.num_layers) if per_layer * cfg.num_layers <= NEURON_BUDGET else [neuron_fallback]
+    layers_for_neuron = sorted(set(neuron or []))
+    bad = [i for i in layers_for_neuron if not 0 <= i < cfg.num_layers]
+    if bad:
+        raise ValueError(f"layer {bad[0]} does not exist: the model has layers 0..{cfg.num_layers - 1}")
+
+    # The hooks see the projections' outputs (B, T, heads*d_k) before attention splits them into heads.
+    caught: dict[tuple[int, str], torch.Tensor] = {}
+    handles = []
+    for i in layers_for_neuron:
+        attn = backbone.layers[i].attn
+        for name in ("q", "k"):
+            handles.append(getattr(attn, name).register_forward_hook(
+                lambda _m, _inp, out, key=(i, name): caught.__setitem__(key, out.detach())))
+    was_training = model.training
+    model.eval()  # no dropout: the page shows the function the model computes
+    try:
+        device = next(model.parameters()).device
+        out = backbone(input_ids=input_ids.to(device), output_attentions=True,
+                       token_type_ids=token_type_ids.to(device) if token_type_ids is not None else None)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    if not out.attentions or any(w is None for w in out.attentions):
+        raise ValueError(f"{type(model).__name__} returned no attention weights for output_attentions=True")
+
+    data = AttentionData(
+        tokens=list(tokens), layers=list(out.attentions), causal=bool(cfg.causal),
+        segments=token_type_ids[0].tolist() if token_type_ids is not None and int(token_type_ids.max()) > 0 else None,
+        scale=cfg.attention_scale if cfg.attention_scale is not None else dh ** -0.5, title=title)
+    position_ids = torch.arange(t, device=device)[None]
+    rope = backbone.rope(position_ids) if getattr(backbone, "rope", None) is not None else None
+    rel = getattr(backbone, "relative_bias", None)
+    for i in layers_for_neuron:
+        q = caught[(i, "q")].view(1, t, h, dh).transpose(1, 2)
+        k = caught[(i, "k")].view(1, t, cfg.kv_heads, dh).transpose(1, 2)
+        if rope is not None:  # attention rotates q and k after projecting them; so do we
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if cfg.kv_heads != h:  # GQA: each key head serves h // kv_heads query heads
+            k = k.repeat_interleave(h // cfg.kv_heads, dim=1)
+        data.queries[i], data.keys[i] = q[0].float().cpu(), k[0].float().cpu()
+        if rel is not None:
+            data.bias[i] = rel(t, t)[0].float().cpu()
+        mask = AttentionMask.build(None, t, t, causal=cfg.causal, device=device,
+                                   window=cfg.sliding_window if _is_local(backbone, i) else None)
+        if mask.allowed is not None:
+            data.allowed[i] = mask.allowed[0, 0].cpu()
+        elif mask.is_causal:
+            data.allowed[i] = torch.ones(t, t, dtype=torch.bool).tril()
+    return data
+
+
+def extract_text(model: torch.nn.Module, tokenizer, text: str, text_b: str | None = None, *,
+                 neuron: bool | Sequence[int] = True, neuron_fallback: int = 0, title: str = "") -> AttentionData:
+    """Tokenize `text` (and `text_b`, as a BERT pair with segments A/B) and extract the attention."""
+    if not text or not text.strip():
+        raise ValueError("--text is empty: give the sentence to look inside")
+    enc = tokenizer(text, text_b, return_tensors="pt")
+    types = enc.get("token_type_ids")
+    return extract(model, enc["input_ids"], enc.tokens(0), token_type_ids=types if text_b is not None else None,
+                   neuron=neuron, neuron_fallback=neuron_fallback, title=title)
+
+
+def neuron_softmax(data: AttentionData, layer: int) -> torch.Tensor:
+    """softmax(q·k * scale + bias) with the mask, for every head: (H, T, T). What the neuron view shows."""
+    q, k = data.queries[layer], data.keys[layer]
+    scores = q @ k.transpose(-1, -2) * (data.scale if data.scale is not None else q.size(-1) ** -0.5)
+    if layer in data.bias:
+        scores = scores + data.bias[layer]
+    if layer in data.allowed:
+        scores = scores.masked_fill(~data.allowed[layer].bool(), float("-inf"))
+    return scores.softmax(-1)
