@@ -121,3 +121,35 @@ def test_dropout_only_in_training():
     assert not torch.allclose(model(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state)
     model.eval()
     assert torch.equal(model(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(position="rope", norm_placement="pre", activation="swiglu", num_kv_heads=2),
+                                dict(position="relative_bias", norm="rmsnorm"), dict(sliding_window=3),
+                                dict(causal=True, norm_placement="pre")])
+def test_unpadded_equals_padded(kw):
+    """Unpadding is a representation: same numbers at every real position, zeros at padding."""
+    torch.manual_seed(0)
+    model = Encoder(tiny(**kw)).eval()
+    ids = torch.randint(1, 97, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[2, 2:] = 0
+    types = (torch.arange(12) >= 5).long().expand(3, 12)
+    padded = model(input_ids=ids, attention_mask=mask, token_type_ids=types, unpad=False, output_hidden_states=True)
+    unpadded = model(input_ids=ids, attention_mask=mask, token_type_ids=types, unpad=True, output_hidden_states=True)
+    real = mask.bool()
+    assert (padded.last_hidden_state - unpadded.last_hidden_state)[real].abs().max() <= 1e-5
+    assert (unpadded.last_hidden_state[~real] == 0).all()
+    for a, b in zip(padded.hidden_states, unpadded.hidden_states):
+        assert (a - b)[real].abs().max() <= 1e-5
+
+
+def test_unpadded_attention_weights_match():
+    torch.manual_seed(0)
+    model = Encoder(tiny()).eval()
+    ids = torch.randint(1, 97, (2, 9))
+    mask = torch.tensor([[1] * 9, [1] * 4 + [0] * 5])
+    a = model(input_ids=ids, attention_mask=mask, unpad=False, output_attentions=True).attentions
+    b = model(input_ids=ids, attention_mask=mask, unpad=True, output_attentions=True).attentions
+    for wa, wb in zip(a, b):
+        assert (wa - wb)[0].abs().max() <= 1e-6 and (wa - wb)[1, :, :4].abs().max() <= 1e-6

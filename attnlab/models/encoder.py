@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..nn.varlen import Varlen
 from ..nn import AttentionMask, Block, Embeddings, RelativePositionBias, RotaryEmbedding, make_norm
 from .base import Model, ModelOutput
 
@@ -27,6 +28,7 @@ class Pooler(nn.Module):
 
 class Encoder(Model):
     hf_architecture = "BertModel"
+    unpad = True  # run padded batches unpadded (same numbers, less work); set False to compare
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -41,15 +43,19 @@ class Encoder(Model):
         self.pooler = Pooler(config) if config.pooler else None
         self.init_weights()
 
-    def _check_inputs(self, input_ids, attention_mask, token_type_ids, inputs_embeds) -> None:
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids, inputs_embeds, past: int = 0) -> None:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         ref = input_ids if input_ids is not None else inputs_embeds[..., 0]
         if ref.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(ref.shape)}")
-        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-            if t is not None and t.shape != ref.shape:
-                raise ValueError(f"{name} has shape {tuple(t.shape)} but input_ids has {tuple(ref.shape)}")
+        if token_type_ids is not None and token_type_ids.shape != ref.shape:
+            raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)} but input_ids has {tuple(ref.shape)}")
+        # with a KV cache the mask covers the cached tokens too: (batch, past + seq_len)
+        if attention_mask is not None and attention_mask.shape != (ref.size(0), past + ref.size(1)):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but expected "
+                             f"{(ref.size(0), past + ref.size(1))} (input_ids {tuple(ref.shape)}"
+                             + (f" after {past} cached tokens)" if past else ")"))
         if input_ids is not None and input_ids.numel():
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
@@ -63,15 +69,30 @@ class Encoder(Model):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
-                output_attentions: bool = False, output_hidden_states: bool = False) -> ModelOutput:
-        self._check_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds)
+                output_attentions: bool = False, output_hidden_states: bool = False,
+                unpad: bool | None = None) -> ModelOutput:
+        """`unpad` (default `self.unpad`, on): with padding and no KV cache, run every linear layer on the
+        real tokens only (see attnlab.nn.varlen); outputs are re-padded with zeros at padding positions."""
+        offset = past_key_values.get_seq_length() if past_key_values is not None else 0
+        self._check_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds, offset)
         cfg = self.config
         b, t = (input_ids if input_ids is not None else inputs_embeds[..., 0]).shape
         device = (input_ids if input_ids is not None else inputs_embeds).device
-        offset = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(offset, offset + t, device=device).expand(b, t)
-        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+            if cfg.causal and attention_mask is not None:
+                # left padding: a row's first real token is position 0, whatever padding precedes it
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
+            else:
+                position_ids = torch.arange(offset, offset + t, device=device).expand(b, t)
+        varlen = None
+        if (self.unpad if unpad is None else unpad) and attention_mask is not None and past_key_values is None \
+                and not bool(attention_mask.all()):
+            varlen = Varlen.from_mask(attention_mask)
+            gather = lambda t_: varlen.unpad(t_) if t_ is not None else None  # noqa: E731
+            x = self.embeddings(gather(input_ids), gather(token_type_ids), gather(position_ids), gather(inputs_embeds))
+        else:
+            x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        repad = varlen.pad if varlen is not None else (lambda t_: t_)
 
         mask = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
                                    device=device)
@@ -80,18 +101,19 @@ class Encoder(Model):
         rope = self.rope(position_ids) if self.rope is not None else None
         bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None
 
-        hidden_states, attentions = [x] if output_hidden_states else None, [] if output_attentions else None
+        hidden_states, attentions = [repad(x)] if output_hidden_states else None, [] if output_attentions else None
         for i, layer in enumerate(self.layers):
             x, (w, _) = layer(x, local if self._is_local(i) else mask, rope=rope, bias=bias,
-                              cache=past_key_values, layer_idx=i, need_weights=output_attentions)
+                              cache=past_key_values, layer_idx=i, need_weights=output_attentions, varlen=varlen)
             if output_hidden_states:
-                hidden_states.append(x)
+                hidden_states.append(repad(x))
             if output_attentions:
                 attentions.append(w)
         if self.final_norm is not None:
             x = self.final_norm(x)
             if output_hidden_states:
-                hidden_states[-1] = x
+                hidden_states[-1] = repad(x)
+        x = repad(x)
         return ModelOutput(
             last_hidden_state=x,
             pooler_output=self.pooler(x) if self.pooler is not None else None,

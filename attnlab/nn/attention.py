@@ -18,6 +18,10 @@ from torch import nn
 
 from ..config import ModelConfig
 from .positions import apply_rotary
+from .varlen import Varlen
+
+# F.scaled_dot_product_attention(enable_gqa=) exists from torch 2.5 on
+_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 @dataclass
@@ -38,6 +42,8 @@ class AttentionMask:
                 return cls(None, False)
             if query_offset == 0 and query_len == key_len:
                 return cls(None, True)
+            if query_len == 1 and query_offset + 1 == key_len:
+                return cls(None, False)  # a decoding step: the newest token sees every key
         device = padding.device if padding is not None else device
         q = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
         k = torch.arange(key_len, device=device)[None, :]
@@ -61,11 +67,23 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  scale: float | None = None, dropout_p: float = 0.0,
                                  explicit: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q (B, H, Tq, d), k/v (B, Hkv, Tk, d) with H a multiple of Hkv. Returns (out (B, H, Tq, d), weights or None)."""
-    if k.size(1) != q.size(1):  # GQA/MQA: each key/value head serves a group of query heads
-        groups = q.size(1) // k.size(1)
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    groups = q.size(1) // k.size(1)  # GQA/MQA: each key/value head serves a group of query heads
     scale = q.size(-1) ** -0.5 if scale is None else scale
     mask = mask or AttentionMask()
+    if groups > 1 and not explicit and bias is None:
+        if q.size(2) == 1 and not mask.is_causal:
+            # One query per head (a decoding step): the group's query heads become the kv head's queries,
+            # (B, Hkv, groups, d), so that no key/value is ever copied.
+            b, h, _, d = q.shape
+            out = F.scaled_dot_product_attention(q.view(b, k.size(1), groups, d), k, v, attn_mask=mask.allowed,
+                                                 dropout_p=dropout_p, scale=scale)
+            return out.view(b, h, 1, d), None
+        if _HAS_GQA:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.allowed, dropout_p=dropout_p,
+                                                 is_causal=mask.is_causal, scale=scale, enable_gqa=True)
+            return out, None
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if explicit:
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
         if bias is not None:
@@ -121,12 +139,19 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, mask: AttentionMask | None = None, *,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, bias: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, cache: KVCacheLike | None = None, layer_idx: int = 0,
-                need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        b, t, _ = x.shape
-        src = x if memory is None else memory
-        q = self.q(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k(src).view(b, src.size(1), self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v(src).view(b, src.size(1), self.num_kv_heads, self.head_dim).transpose(1, 2)
+                need_weights: bool = False, varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if varlen is not None:
+            # x is (N, d), real tokens only: project them, then attend in the padded (B, T) layout
+            b, t = varlen.batch, varlen.seq_len
+            q = varlen.pad(self.q(x)).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+            k = varlen.pad(self.k(x)).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = varlen.pad(self.v(x)).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        else:
+            b, t, _ = x.shape
+            src = x if memory is None else memory
+            q = self.q(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+            k = self.k(src).view(b, src.size(1), self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = self.v(src).view(b, src.size(1), self.num_kv_heads, self.head_dim).transpose(1, 2)
         if rope is not None:
             cos, sin = rope
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -136,4 +161,6 @@ class Attention(nn.Module):
             q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
             explicit=need_weights or self.explicit)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        if varlen is not None:
+            out = varlen.unpad(out)
         return self.o(out), weights

@@ -35,9 +35,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, mask: AttentionMask | None = None, *, rope=None, bias=None,
                 memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
                 cross_bias: torch.Tensor | None = None, cache=None, cross_cache=None, layer_idx: int = 0,
-                need_weights: bool = False) -> tuple[torch.Tensor, tuple]:
+                need_weights: bool = False, varlen=None) -> tuple[torch.Tensor, tuple]:
         x, w_self = self._residual(x, self.attn_norm, lambda h: self.attn(
-            h, mask, rope=rope, bias=bias, cache=cache, layer_idx=layer_idx, need_weights=need_weights))
+            h, mask, rope=rope, bias=bias, cache=cache, layer_idx=layer_idx, need_weights=need_weights,
+            varlen=varlen))
         w_cross = None
         if self.cross_attn is not None:
             x, w_cross = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
