@@ -6,6 +6,9 @@ examples:
   attnlab info bert-large --seq-len 128
   attnlab info sentence-transformers/all-MiniLM-L6-v2
   attnlab info path/to/hf_model_dir
+  attnlab info bert-base --seq-len 512 --explain      # every layer kind step by step, with totals
+  attnlab info bert-base --explain --set causal=true --set num_kv_heads=4              # a GQA decoder
+  attnlab info bert-base --explain --set sliding_window=64 --set extra.global_every=3  # ModernBERT-style
 """
 from __future__ import annotations
 
@@ -20,9 +23,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=128, help="sequence length for the walkthrough (default 128)")
     p.add_argument("--architecture", help="head wrapper to count, e.g. BertForPreTraining (default: the backbone "
                                           "for presets, what config.json names for directories)")
+    p.add_argument("--explain", action="store_true", help="walk every kind of layer through the notes' steps "
+                   "with shapes, parameters, FLOPs and activation memory, then the totals")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a config field before counting (JSON value; extra.NAME for config.extra)")
+    p.add_argument("--bytes", type=int, default=4, choices=(1, 2, 4), help="bytes per activation (default 4, fp32)")
 
 
-def model_skeleton(name: str, architecture: str | None = None):
+def parse_overrides(items: list[str]) -> dict:
+    """["num_kv_heads=4", "extra.global_every=3"] -> {"num_kv_heads": 4, "extra": {"global_every": 3}}."""
+    import json
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_kv_heads=4")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw  # a bare word: a string such as rmsnorm
+        if key.startswith("extra."):
+            out.setdefault("extra", {})[key.removeprefix("extra.")] = value
+        else:
+            out[key] = value
+    return out
+
+
+def model_skeleton(name: str, architecture: str | None = None, overrides: dict | None = None):
     """A weightless model (meta device) for a preset or a model directory: enough to count and explain."""
     from ..config import PRESETS, preset
     from ..interop.hf import FAMILIES, config_from_hf_dir
@@ -30,9 +57,14 @@ def model_skeleton(name: str, architecture: str | None = None):
     from ..viz.explain import build_on_meta
     if name in PRESETS:
         cfg, arch = preset(name), architecture
+    elif resolve(name).suffix.lower() == ".gguf":  # config from the file's metadata, no weights read
+        from ..interop.gguf import gguf_config
+        cfg, arch = gguf_config(resolve(name)), architecture
     else:
         cfg, hf = config_from_hf_dir(resolve(name))
         arch = architecture or (hf.get("architectures") or [None])[0]
+    if overrides:
+        cfg = cfg.replace(**{**overrides, "extra": {**cfg.extra, **overrides.get("extra", {})}})
     family = FAMILIES[cfg.model_type]
     cls = family.architectures.get(arch or family.default_architecture, family.architectures[family.default_architecture])[0]
     return build_on_meta(cls, cfg)
@@ -42,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from ..viz.explain import describe
     if args.seq_len <= 0:
         raise ValueError(f"--seq-len must be positive, got {args.seq_len}")
-    model = model_skeleton(args.model, args.architecture)
-    print(describe(model, seq_len=args.seq_len, title=args.model))
+    model = model_skeleton(args.model, args.architecture, parse_overrides(args.set))
+    print(describe(model, seq_len=args.seq_len, title=args.model, walkthrough=not args.explain))
+    if args.explain:
+        from ..viz.walkthrough import explain_model, format_explanation
+        print()
+        print(format_explanation(explain_model(model, args.seq_len, args.bytes)))
     return 0

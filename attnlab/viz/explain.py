@@ -21,6 +21,7 @@ class Step:
     text: str
     flops: int = 0
     params: int = 0
+    activations: int = 0  # elements the step produces (what training keeps for the backward pass)
 
 
 def _mm(m: int, k: int, n: int) -> int:
@@ -75,55 +76,64 @@ def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
     return rows
 
 
-def layer_walkthrough(cfg: ModelConfig, seq_len: int) -> list[Step]:
-    """One block's steps with the shapes of a single sequence of `seq_len` tokens."""
+def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None) -> list[Step]:
+    """One block's steps with the shapes of a single sequence of `seq_len` tokens. `local`: describe a
+    sliding-window layer (True) or a global one (False); None describes the config as a whole."""
     n, d, h, hk, dh, ff = seq_len, cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size
     b = 1 if cfg.bias else 0
     steps: list[Step] = []
     if hk == h:
         steps.append(Step(f"project to Q, K, V: three ({n}×{d})@({d}×{h * dh}) matmuls",
-                          3 * _mm(n, d, h * dh), 3 * (d * h * dh + b * h * dh)))
+                          3 * _mm(n, d, h * dh), 3 * (d * h * dh + b * h * dh), 3 * n * h * dh))
     else:
         kind = "MQA" if hk == 1 else "GQA"
         steps.append(Step(f"project to Q: ({n}×{d})@({d}×{h * dh}); K and V ({kind}, {hk} key/value heads): "
                           f"two ({n}×{d})@({d}×{hk * dh}) matmuls",
                           _mm(n, d, h * dh) + 2 * _mm(n, d, hk * dh),
-                          d * h * dh + 2 * d * hk * dh + b * (h + 2 * hk) * dh))
+                          d * h * dh + 2 * d * hk * dh + b * (h + 2 * hk) * dh, n * (h + 2 * hk) * dh))
     steps.append(Step(f"split into {h} heads of ({n}×{dh})"
                       + (f"; each K/V head is shared by {h // hk} query heads" if hk != h else "")))
     if cfg.position == "rope":
-        steps.append(Step(f"rotate Q and K by position (RoPE, θ={cfg.rope_theta:g})", 3 * n * (h + hk) * dh))
+        steps.append(Step(f"rotate Q and K by position (RoPE, θ={cfg.rope_theta:g})", 3 * n * (h + hk) * dh,
+                          activations=n * (h + hk) * dh))
     scale = "" if cfg.attention_scale is None else f" (scale {cfg.attention_scale:g} instead of 1/√{dh})"
     bias = " + relative position bias" if cfg.position == "relative_bias" else ""
     visible = n
     mask = "causal mask: each token sees itself and earlier tokens" if cfg.causal else "every token sees every token"
-    if cfg.sliding_window:
-        mask += f"; local layers see ±{cfg.sliding_window - 1} tokens"
-        visible = min(n, 2 * cfg.sliding_window - 1)
+    if cfg.sliding_window and local is not False:
+        w = cfg.sliding_window - 1
+        if local:
+            mask = (f"causal and local: each token sees itself and {w} earlier tokens" if cfg.causal
+                    else f"local: each token sees the tokens within ±{w}")
+        else:
+            mask += f"; local layers see ±{w} tokens"
+        visible = min(n, cfg.sliding_window if cfg.causal else 2 * cfg.sliding_window - 1)
+    # scores and probabilities are both (heads × n × n): the quadratic part of the memory
     steps.append(Step(f"scores softmax(QKᵀ/√{dh}{bias}): ({h}×{n}×{n}){scale}; {mask}",
-                      h * _mm(n, dh, n) + 5 * h * n * n))
-    steps.append(Step(f"weighted sum of values: ({h}×{n}×{n})@({h}×{n}×{dh}) -> ({h}×{n}×{dh})", h * _mm(n, n, dh)))
+                      h * _mm(n, dh, n) + 5 * h * n * n, activations=2 * h * n * n))
+    steps.append(Step(f"weighted sum of values: ({h}×{n}×{n})@({h}×{n}×{dh}) -> ({h}×{n}×{dh})", h * _mm(n, n, dh),
+                      activations=h * n * dh))
     steps.append(Step(f"concatenate heads -> ({n}×{h * dh}), output projection ({n}×{h * dh})@({h * dh}×{d})",
-                      _mm(n, h * dh, d), h * dh * d + b * d))
+                      _mm(n, h * dh, d), h * dh * d + b * d, n * d))
     norm = "LayerNorm" if cfg.norm == "layernorm" else "RMSNorm"
     norm_params = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     if cfg.norm_placement == "post":
-        steps.append(Step(f"add & norm: {norm}(x + attention(x)) ({n}×{d})", 8 * n * d, norm_params))
+        steps.append(Step(f"add & norm: {norm}(x + attention(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     else:
-        steps.append(Step(f"pre-norm: x + attention({norm}(x)) ({n}×{d})", 8 * n * d, norm_params))
+        steps.append(Step(f"pre-norm: x + attention({norm}(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     if cfg.is_glu:
         act = "GELU" if cfg.activation == "geglu" else "SiLU"
         steps.append(Step(f"FFN {d}→{ff}→{d} ({cfg.activation}: {act}(x W_gate) ⊙ (x W_up), then W_down): "
                           f"two ({n}×{d})@({d}×{ff}) and one ({n}×{ff})@({ff}×{d})",
-                          3 * _mm(n, d, ff), 3 * d * ff + b * (2 * ff + d)))
+                          3 * _mm(n, d, ff), 3 * d * ff + b * (2 * ff + d), 3 * n * ff + n * d))
     else:
         act = {"gelu": "GELU", "gelu_tanh": "GELU (tanh)", "relu": "ReLU", "silu": "SiLU"}[cfg.activation]
         steps.append(Step(f"FFN {d}→{ff}→{d} ({act}): ({n}×{d})@({d}×{ff}), then ({n}×{ff})@({ff}×{d})",
-                          2 * _mm(n, d, ff), 2 * d * ff + b * (ff + d)))
+                          2 * _mm(n, d, ff), 2 * d * ff + b * (ff + d), 2 * n * ff + n * d))
     if cfg.norm_placement == "post":
-        steps.append(Step(f"add & norm: {norm}(x + FFN(x)) ({n}×{d})", 8 * n * d, norm_params))
+        steps.append(Step(f"add & norm: {norm}(x + FFN(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     else:
-        steps.append(Step(f"pre-norm: x + FFN({norm}(x)) ({n}×{d})", 8 * n * d, norm_params))
+        steps.append(Step(f"pre-norm: x + FFN({norm}(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     if visible < n:  # a local layer only computes the band of the score matrix it keeps
         steps.append(Step(f"(a local layer needs only {visible} of {n} scores per query)"))
     return steps
@@ -136,8 +146,9 @@ def human(n: float) -> str:
     return f"{n:.0f} "
 
 
-def describe(model: nn.Module, seq_len: int = 128, title: str = "") -> str:
-    """The text `attnlab info` prints."""
+def describe(model: nn.Module, seq_len: int = 128, title: str = "", walkthrough: bool = True) -> str:
+    """The text `attnlab info` prints; `walkthrough=False` stops after the parameter count (`--explain`
+    prints the longer walkthrough of `viz/walkthrough.py` instead)."""
     cfg: ModelConfig = model.config
     lines = [f"model: {title or type(model).__name__}  ({type(model).__name__}, model_type={cfg.model_type})"]
     lines.append("config:")
@@ -153,6 +164,8 @@ def describe(model: nn.Module, seq_len: int = 128, title: str = "") -> str:
         lines.append(f"  {name:<72} {n:>14,}")
     total = count(model)
     lines.append(f"parameters: {total:,}")
+    if not walkthrough:
+        return "\n".join(lines)
     steps = layer_walkthrough(cfg, seq_len)
     lines.append(f"one layer, one sequence of {seq_len} tokens (d_model={cfg.hidden_size}, "
                  f"{cfg.num_heads} heads of d_k={cfg.dim_head}):")
