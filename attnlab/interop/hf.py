@@ -418,3 +418,8 @@ def save_pretrained(model: Model, directory: str | Path) -> Path:
                  lambda tmp: Path(tmp).write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n"))
     return directory
 
+
+# ----------------------------------------------------------------------------------- other families
+# Imported last: each module registers its Family with the helpers defined above.
+from . import gpt2, llama  # noqa: E402,F401
+

@@ -1,0 +1,52 @@
+"""Fine-tune a pretrained encoder on a benchmark task and keep the best checkpoint.
+
+TASK is one of sst2, mrpc, rte, cola, stsb (GLUE), conll2003 (NER), squad (extractive QA).
+Training and validation files default to the task's files under ATTNLAB_DATA (default ../shared/data);
+SST-2 has no dev set, so 872 training sentences are held out (fixed seed) for validation.
+Writes the best model (config.json with id2label, model.safetensors, tokenizer files), metrics.jsonl
+(the run) and metrics.json (the summary) into --output.
+
+example:
+  attnlab finetune mrpc --model minilm --output out/mrpc
+  attnlab evaluate mrpc --model out/mrpc --data ../shared/data/glue/MRPC/dev.tsv
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "finetune"
+HELP = "fine-tune on a task (GLUE, CoNLL-2003, SQuAD); writes the model and metrics.json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..tasks import TASK_NAMES
+    p.add_argument("task", metavar="TASK", choices=TASK_NAMES, help=", ".join(TASK_NAMES))
+    p.add_argument("--model", required=True, help="pretrained model directory or packaged name (e.g. minilm)")
+    p.add_argument("--output", required=True, help="directory for the fine-tuned model and metrics")
+    p.add_argument("--train", help="training file (default: the task's file under ATTNLAB_DATA; "
+                                   "several files may be joined with commas)")
+    p.add_argument("--valid", help="validation file (default: the task's dev file, or a held-out part of train)")
+    p.add_argument("--epochs", type=float, help="passes over the training data (fractions allowed; task default)")
+    p.add_argument("--lr", type=float, help="peak learning rate (task default)")
+    p.add_argument("--batch-size", type=int, help="examples per step (task default)")
+    p.add_argument("--max-length", type=int, help="tokens per input, longer ones are truncated (task default)")
+    p.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
+    p.add_argument("--eval-every", type=int, help="also evaluate every N steps (default: each epoch end)")
+    p.add_argument("--patience", type=int, help="stop after N evaluations without improvement")
+    p.add_argument("--max-train-samples", type=int, help="train on a seeded random subset of this size")
+    p.add_argument("--max-eval-samples", type=int, help="validate on a seeded random subset of this size")
+    p.add_argument("--train-embeddings", action="store_true",
+                   help="also update the word-embedding matrix (frozen by default: faster on CPU)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tasks.finetune import finetune
+    summary = finetune(args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
+                       epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
+                       seed=args.seed, eval_every=args.eval_every, patience=args.patience,
+                       max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
+                       freeze_embeddings=not args.train_embeddings, progress=args.progress)
+    print(json.dumps(summary))
+    return 0

@@ -1,0 +1,76 @@
+"""The shape every task has: read a file into examples, turn examples into features, score a model on
+examples, and write predictions. `finetune`, `evaluate` and `predict` only talk to this interface."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import DataError
+
+
+def data_root() -> Path:
+    """Where the real data lives: ATTNLAB_DATA, default ../shared/data (next to the repository)."""
+    env = os.environ.get("ATTNLAB_DATA")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+@dataclass
+class Task:
+    name: str
+    architecture: str                     # the head wrapper, by its Hugging Face name
+    main_metric: str                      # early stopping and "best" follow this key (higher is better)
+    train_file: str                       # default files, relative to data_root()
+    valid_file: str | None                # None: carve a held-out part out of train (seeded)
+    hyper: dict[str, Any] = field(default_factory=dict)  # per-task defaults for finetune
+
+    # ---- data
+    def read(self, path: str | Path) -> list[dict]:
+        raise NotImplementedError
+
+    def label_list(self, examples: list[dict]) -> list[str] | None:
+        """Class names seen in training, sorted so that ids are reproducible; None for regression/QA."""
+        return None
+
+    def model_extra(self, labels: list[str] | None) -> dict:
+        """Values for config.json so that the saved model carries its label names."""
+        if labels is None:
+            return {}
+        return dict(id2label={str(i): l for i, l in enumerate(labels)},
+                    label2id={l: i for i, l in enumerate(labels)}, num_labels=len(labels))
+
+    def features(self, examples: list[dict], tokenizer, max_length: int, label2id: dict | None,
+                 training: bool) -> list[dict]:
+        raise NotImplementedError
+
+    # ---- scoring
+    def predict(self, model, tokenizer, examples: list[dict], max_length: int, batch_size: int = 64,
+                progress: bool = False) -> list:
+        """One prediction per example (a label name, a score, a tag list, an answer string)."""
+        raise NotImplementedError
+
+    def score(self, examples: list[dict], predictions: list) -> dict[str, float]:
+        raise NotImplementedError
+
+    def write_predictions(self, examples: list[dict], predictions: list, path: Path) -> None:
+        path.write_text("".join(f"{p}\n" for p in predictions), encoding="utf-8")
+
+    def read_inputs(self, path: str | Path) -> list[dict]:
+        """Examples to predict for, without labels (`attnlab predict`)."""
+        raise NotImplementedError
+
+
+def labels_of(model) -> tuple[list[str], dict[str, int]]:
+    """(id -> name list, name -> id) from a model's config.json values."""
+    id2label = model.config.extra.get("id2label") or {}
+    labels = [id2label[k] for k in sorted(id2label, key=int)]
+    return labels, {l: i for i, l in enumerate(labels)}
+
+
+def check_label(label: str, label2id: dict, where: str) -> int:
+    if label not in label2id:
+        raise DataError(f"{where}: label {label!r} was not seen in training (known: {', '.join(label2id)})")
+    return label2id[label]

@@ -1,0 +1,225 @@
+"""Fine-tune a pretrained encoder on a task, evaluate it, predict with it.
+
+The loop is written out here (AdamW, linear warmup + decay, gradient clipping, evaluation every N steps,
+early stopping on the task's main metric, the best checkpoint kept) because the shared Trainer of
+`attnlab/training/` did not exist yet when this was written; it is kept small so that it can be folded
+into that Trainer later. Speed on CPU comes from length-bucketed batches (little padding) and, by
+default, a frozen word-embedding matrix: it is half of MiniLM's parameters, and its dense gradient and
+AdamW update cost more than they bring when fine-tuning.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from .base import Task, data_root, labels_of
+from .common import DataError, collate, length_batches
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def holdout_split(examples: list, n_holdout: int, seed: int = 0) -> tuple[list, list]:
+    """(train, held-out): a fixed, seeded choice, independent of the training seed, so that runs with
+    different seeds are scored on the same held-out examples."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n_holdout])
+    return [ex for i, ex in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
+
+
+def _read_many(task: Task, spec: str | Path) -> list[dict]:
+    """One file, or several joined with commas (SQuAD's train*.json shards)."""
+    examples = []
+    for part in str(spec).split(","):
+        examples += task.read(part)
+    return examples
+
+
+def resolve_files(task: Task, train_file=None, valid_file=None) -> tuple[str, str | None]:
+    root = data_root()
+    train = str(train_file) if train_file else str(root / task.train_file)
+    if valid_file:
+        return train, str(valid_file)
+    if train_file is None and task.valid_file:
+        return train, str(root / task.valid_file)
+    return train, None
+
+
+def evaluate_examples(task: Task, model, tokenizer, examples: list[dict], max_length: int,
+                      batch_size: int = 64, progress: bool = False) -> tuple[dict, list]:
+    predictions = task.predict(model, tokenizer, examples, max_length, batch_size, progress)
+    return task.score(examples, predictions), predictions
+
+
+def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_file=None, valid_file=None,
+             epochs: float | None = None, lr: float | None = None, batch_size: int | None = None,
+             max_length: int | None = None, seed: int = 42, warmup_ratio: float = 0.1,
+             weight_decay: float = 0.01, eval_every: int | None = None, patience: int | None = None,
+             max_train_samples: int | None = None, max_eval_samples: int | None = None,
+             holdout: int = 872, freeze_embeddings: bool = True, progress: bool = True,
+             log_every: int = 50) -> dict:
+    """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
+    data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
+    (the summary, returned). Without a validation file the task's default is used, else `holdout`
+    training examples are set aside (seeded)."""
+    import attnlab
+    from tqdm import tqdm
+    from ..interop.hf import atomic_write
+
+    from . import get_task
+    task = get_task(task) if isinstance(task, str) else task
+    hp = {**dict(epochs=3, lr=5e-5, batch_size=32, max_length=128), **task.hyper}
+    epochs = hp["epochs"] if epochs is None else epochs
+    lr = hp["lr"] if lr is None else lr
+    batch_size = hp["batch_size"] if batch_size is None else batch_size
+    max_length = hp["max_length"] if max_length is None else max_length
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    _seed_all(seed)
+
+    train_path, valid_path = resolve_files(task, train_file, valid_file)
+    train_ex = _read_many(task, train_path)
+    if valid_path is None:
+        train_ex, valid_ex = holdout_split(train_ex, holdout)
+        valid_desc = f"{holdout} examples held out of {train_path} (seed 0)"
+    else:
+        valid_ex, valid_desc = _read_many(task, valid_path), valid_path
+    if max_train_samples and max_train_samples < len(train_ex):
+        train_ex = holdout_split(train_ex, max_train_samples, seed)[1]
+    if max_eval_samples and max_eval_samples < len(valid_ex):
+        valid_ex = holdout_split(valid_ex, max_eval_samples, seed)[1]
+
+    labels = task.label_list(train_ex)
+    tokenizer = attnlab.load_tokenizer(model)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(newly initialised|unused tensors).*")  # a fresh head
+        net = attnlab.load(model, architecture=task.architecture, extra=task.model_extra(labels))
+    _, label2id = labels_of(net)
+    feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
+    if freeze_embeddings:
+        net.backbone.embeddings.tok.weight.requires_grad_(False)
+    net.train()
+
+    params = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in params if p.dim() > 1], "weight_decay": weight_decay},
+              {"params": [p for n, p in params if p.dim() <= 1], "weight_decay": 0.0}]  # no decay: biases, norms
+    optimizer = torch.optim.AdamW(groups, lr=lr)
+    lengths = [len(f["input_ids"]) for f in feats]
+    steps_per_epoch = math.ceil(len(feats) / batch_size)
+    total = max(1, math.ceil(steps_per_epoch * epochs))
+    warmup = int(total * warmup_ratio)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+
+    log_path = output / "metrics.jsonl"
+    log_path.write_text("")
+    def log(record: dict) -> None:
+        with open(log_path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    key = "eval_" + task.main_metric
+    best: dict = {}
+    evals_since_best, step, tokens, running = 0, 0, 0, None
+    bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not progress, dynamic_ncols=True)
+
+    def run_eval() -> bool:
+        nonlocal best, evals_since_best
+        scores, _ = evaluate_examples(task, net, tokenizer, valid_ex, max_length)
+        net.train()
+        record = {"step": step, "epoch": round(step / steps_per_epoch, 3), "elapsed_s": round(time.time() - started, 1),
+                  **{f"eval_{k}": round(v, 4) for k, v in scores.items()}}
+        log(record)
+        if not best or record[key] > best[key]:
+            best, evals_since_best = record, 0
+            net.save(output)        # the best checkpoint is the one kept
+            tokenizer.save(output)
+        else:
+            evals_since_best += 1
+        bar.set_postfix(loss=f"{running:.4f}" if running is not None else "-", **{key: f"{record[key]:.2f}",
+                        "best": f"{best[key]:.2f}"})
+        return patience is not None and evals_since_best >= patience
+
+    stop = False
+    epoch = 0
+    while step < total and not stop:
+        for idx in length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch):
+            batch = collate([feats[i] for i in idx], tokenizer.pad_token_id)
+            loss = net(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens += int(batch["attention_mask"].sum())
+            running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+            bar.update(1)
+            bar.set_postfix(loss=f"{running:.4f}", **({"best": f"{best[key]:.2f}"} if best else {}))
+            if step % log_every == 0:
+                elapsed = time.time() - started
+                log({"step": step, "loss": round(running, 5), "lr": schedule.get_last_lr()[0],
+                     "elapsed_s": round(elapsed, 1), "tokens_per_s": round(tokens / elapsed, 1)})
+            end_of_epoch = step % steps_per_epoch == 0 or step == total
+            if (eval_every and step % eval_every == 0) or end_of_epoch:
+                stop = run_eval()
+            if stop or step >= total:
+                break
+        epoch += 1
+    bar.close()
+
+    summary = {"task": task.name, "model": str(model), "train": train_path, "valid": valid_desc,
+               "train_examples": len(train_ex), "valid_examples": len(valid_ex), "steps": step,
+               "best_step": best.get("step"), "epochs": epochs, "lr": lr, "batch_size": batch_size,
+               "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings,
+               "wall_time_s": round(time.time() - started, 1),
+               **{k: v for k, v in best.items() if k.startswith("eval_")}}
+    atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))
+    return summary
+
+
+def _load_for_eval(task: Task, model: str | Path):
+    import attnlab
+    net = attnlab.load(model)
+    if net.hf_architecture != task.architecture:
+        raise ValueError(f"{model}: holds a {net.hf_architecture or type(net).__name__}, but task {task.name} "
+                         f"needs a {task.architecture} (fine-tune it first: attnlab finetune {task.name} ...)")
+    return net, attnlab.load_tokenizer(model)
+
+
+def evaluate(task: str | Task, model: str | Path, data: str | Path, *, max_length: int | None = None,
+             batch_size: int = 64, progress: bool = False) -> dict:
+    """Metrics of a fine-tuned model on a labelled file in the task's format."""
+    from . import get_task
+    task = get_task(task) if isinstance(task, str) else task
+    net, tokenizer = _load_for_eval(task, model)
+    examples = _read_many(task, data)
+    scores, _ = evaluate_examples(task, net, tokenizer, examples, max_length or task.hyper.get("max_length", 128),
+                                  batch_size, progress)
+    return {"task": task.name, "examples": len(examples), **{k: round(v, 4) for k, v in scores.items()}}
+
+
+def predict(task: str | Task, model: str | Path, input: str | Path, output: str | Path, *,
+            max_length: int | None = None, batch_size: int = 64, progress: bool = False) -> int:
+    """Write predictions for unlabelled inputs; returns how many were written."""
+    from . import get_task
+    task = get_task(task) if isinstance(task, str) else task
+    net, tokenizer = _load_for_eval(task, model)
+    examples = task.read_inputs(input)
+    if not examples:
+        raise DataError(f"{input}: no inputs found")
+    preds = task.predict(net, tokenizer, examples, max_length or task.hyper.get("max_length", 128), batch_size,
+                         progress)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    task.write_predictions(examples, preds, output)
+    return len(preds)
