@@ -11,7 +11,7 @@ import torch
 import attnlab
 from attnlab.cli import main
 from attnlab.viz.attention import AttentionData, extract, extract_text, neuron_softmax
-from attnlab.viz.page import render_page
+from attnlab.viz.page import attention_page, render_page
 
 TEXT, TEXT_B = "The cat sat on the mat.", "It was happy."
 
@@ -140,6 +140,14 @@ def test_bad_inputs_say_what_is_wrong():
         render_page(data, layer=3)
     with pytest.raises(ValueError, match=r"layers\[0\] has shape \(1, 2, 2\); expected \(1, 3, 3\)"):
         AttentionData(tokens=["a", "b", "c"], layers=[torch.full((1, 2, 2), 0.5)])
+
+
+def test_attention_page_for_a_server(minilm_pair):
+    model, tok, _ = minilm_pair
+    page = attention_page(model, tok, "attention is all you need", view="neuron", layer=5, head=0, title="minilm")
+    got = page_data(page)
+    assert got["tokens"] == ["[CLS]", "attention", "is", "all", "you", "need", "[SEP]"]
+    assert got["title"] == "minilm" and '"view":"neuron"' in page
 
 
 def test_cli_writes_page_and_pngs(minilm, tmp_path, capsys):

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..viz.page import render_page, write_page
     model = attnlab.load(args.model)
     tokenizer = attnlab.load_tokenizer(args.model)
-    title = Path(str(args.model)).name
+    title = "/".join(Path(str(args.model)).parts[-2:])  # "minilm", or the last two parts of a path
     data = extract_text(model, tokenizer, args.text, args.text_b, neuron=True, neuron_fallback=max(args.layer, 0),
                         title=title)
     page = write_page(args.output, render_page(data, view=args.view, layer=args.layer, head=args.head))
