@@ -47,7 +47,7 @@ def test_finetune_mrpc_then_evaluate_and_predict(tiny, data_dir, tmp_path, capsy
     capsys.readouterr()
 
     # the kept checkpoint is the best one: evaluating it reproduces the best validation scores
-    assert main(["evaluate", "mrpc", "--model", str(out), "--data", str(valid), "--max-length", "64"]) == 0
+    assert main(["evaluate", "mrpc", "--model", str(out), "--data", str(valid)]) == 0  # max-length from metrics.json
     scores = json.loads(capsys.readouterr().out)
     assert scores["accuracy"] == pytest.approx(summary["eval_accuracy"], abs=1e-3)
     assert scores["f1"] == pytest.approx(summary["eval_f1"], abs=1e-3)

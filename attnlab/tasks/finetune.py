@@ -196,6 +196,20 @@ def _load_for_eval(task: Task, model: str | Path):
     return net, attnlab.load_tokenizer(model)
 
 
+def _trained_max_length(task: Task, model: str | Path, max_length: int | None) -> int:
+    """What the caller asks for, else what the model was fine-tuned with (its metrics.json), else the
+    task default: inputs longer than in training are cut the same way."""
+    if max_length:
+        return max_length
+    summary = Path(model) / "metrics.json"
+    if summary.is_file():
+        try:
+            return int(json.loads(summary.read_text())["max_length"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return task.hyper.get("max_length", 128)
+
+
 def evaluate(task: str | Task, model: str | Path, data: str | Path, *, max_length: int | None = None,
              batch_size: int = 64, progress: bool = False) -> dict:
     """Metrics of a fine-tuned model on a labelled file in the task's format."""
@@ -203,7 +217,7 @@ def evaluate(task: str | Task, model: str | Path, data: str | Path, *, max_lengt
     task = get_task(task) if isinstance(task, str) else task
     net, tokenizer = _load_for_eval(task, model)
     examples = _read_many(task, data)
-    scores, _ = evaluate_examples(task, net, tokenizer, examples, max_length or task.hyper.get("max_length", 128),
+    scores, _ = evaluate_examples(task, net, tokenizer, examples, _trained_max_length(task, model, max_length),
                                   batch_size, progress)
     return {"task": task.name, "examples": len(examples), **{k: round(v, 4) for k, v in scores.items()}}
 
@@ -217,7 +231,7 @@ def predict(task: str | Task, model: str | Path, input: str | Path, output: str 
     examples = task.read_inputs(input)
     if not examples:
         raise DataError(f"{input}: no inputs found")
-    preds = task.predict(net, tokenizer, examples, max_length or task.hyper.get("max_length", 128), batch_size,
+    preds = task.predict(net, tokenizer, examples, _trained_max_length(task, model, max_length), batch_size,
                          progress)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
