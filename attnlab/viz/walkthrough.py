@@ -51,6 +51,7 @@ class Explanation:
     bytes_per: int
     kinds: list[LayerKind]
     embedding_params: int = 0
+    layer_params: int = 0      # all layers, each parameter once (ALBERT's layers share one block)
     other_params: int = 0      # final norm, pooler, heads (not tied to the embeddings)
     head_flops: int = 0        # LM / MLM head projection onto the vocabulary, when the model has one
     total_params: int = 0
@@ -113,8 +114,8 @@ def explain_model(model: nn.Module, seq_len: int, bytes_per: int = 4) -> Explana
     backbone = getattr(model, "backbone", model)
     ex.total_params = count(model)
     ex.embedding_params = count(backbone.embeddings)
-    layer_params = count(nn.ModuleList(backbone.layers))
-    ex.other_params = ex.total_params - ex.embedding_params - layer_params
+    ex.layer_params = count(nn.ModuleList(backbone.layers))
+    ex.other_params = ex.total_params - ex.embedding_params - ex.layer_params
     # a head that maps to the vocabulary is one (n×d)@(d×V) matmul; other heads are small
     if getattr(model, "lm_head", None) is not None or getattr(model, "mlm", None) is not None:
         ex.head_flops = 2 * seq_len * cfg.hidden_size * cfg.vocab_size
@@ -157,9 +158,9 @@ def format_explanation(ex: Explanation) -> str:
                      f"{_size(kind.activations, bp):>12}")
     lines.append("totals:")
     if ex.total_params:
-        lines.append(f"  parameters: embeddings {ex.embedding_params:,} + layers "
-                     f"{sum(k.params * len(k.layers) for k in ex.kinds):,} + other {ex.other_params:,} "
-                     f"= {ex.total_params:,}")
+        shared = " (shared across layers)" if ex.layer_params < sum(k.params * len(k.layers) for k in ex.kinds) else ""
+        lines.append(f"  parameters: embeddings {ex.embedding_params:,} + layers {ex.layer_params:,}{shared} + other "
+                     f"{ex.other_params:,} = {ex.total_params:,}")
     per = " + ".join(f"{len(k.layers)} × {human(k.flops)}F" for k in ex.kinds)
     head = f" + head {human(ex.head_flops)}F" if ex.head_flops else ""
     lines.append(f"  forward FLOPs: {per}{head} = {human(ex.forward_flops)}FLOP "
