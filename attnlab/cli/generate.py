@@ -1,0 +1,65 @@
+"""Continue a prompt with a causal language model, streaming the text to the terminal as it is decoded.
+
+Greedy by default (--temperature 0); --temperature > 0 samples, optionally restricted by --top-k / --top-p;
+--num-beams N runs beam search (printed when the search ends). --chat wraps the prompt in the model's
+chat template (as a user message). MODEL is a Hugging Face directory, a .gguf file or a packaged name.
+
+examples:
+  attnlab generate smollm2 --chat --prompt "What is the capital of France?"
+  attnlab generate path/to/model.gguf --prompt "Once upon a time" --temperature 0.8 --top-p 0.95 --seed 1
+  attnlab generate path/to/gpt2_dir --prompt "Hello" --num-beams 4 --max-new-tokens 20
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "generate"
+HELP = "continue a prompt with a decoder (GPT-2, LLaMA-style, .gguf), streaming the text"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="a causal LM directory, a .gguf file or a packaged name (smollm2)")
+    p.add_argument("--prompt", required=True, help="the text to continue (with --chat: the user's message)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None, help="sample only among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this much "
+                                                             "probability, in (0, 1]")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1.0)")
+    p.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (default 1: off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when this text appears (repeatable); it is not printed")
+    p.add_argument("--chat", action="store_true", help="format the prompt with the model's chat template")
+    p.add_argument("--system", default=None, help="with --chat: a system message")
+    p.add_argument("--truncate-left", action="store_true",
+                   help="drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context "
+                        "(default: error)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import attnlab
+    from ..inference.chat import apply_chat_template
+    from ..inference.generate import check_sampling, stream
+    check_sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.num_beams,
+                   args.max_new_tokens)
+    model = attnlab.load(args.model)
+    if not model.config.causal or not hasattr(model, "lm_head"):
+        raise ValueError(f"{args.model}: {model.hf_architecture or type(model).__name__} is not a causal LM "
+                         "(generation needs a decoder with an LM head)")
+    tokenizer = attnlab.load_tokenizer(args.model)
+    prompt = args.prompt
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                   [{"role": "user", "content": prompt}]
+        prompt = apply_chat_template(tokenizer, messages, add_generation_prompt=True)
+    pieces = stream(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                    top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                    seed=args.seed, num_beams=args.num_beams, stop_strings=args.stop,
+                    truncation="left" if args.truncate_left else "error")
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,294 @@
+"""Text generation for causal LMs: greedy, sampling (temperature, top-k, top-p), repetition penalty,
+EOS and stop strings, beam search, and a streaming iterator that yields text as it is decoded.
+
+Decoding is autoregressive: run the prompt once (prefill), then feed one token per step while the
+KV cache (`kv_cache.py`) keeps every earlier key/value, so step t attends over t cached positions.
+
+    >>> ids = generate(model, tok("The cat", return_tensors="pt")["input_ids"], max_new_tokens=8)
+    >>> for piece in stream(model, tok, "The cat", max_new_tokens=8): print(piece, end="")
+
+Batches are left-padded (`encode_prompts`), so that every row's newest token sits in the last column;
+positions come from the attention mask, so padding never shifts a row's positions.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+
+from .kv_cache import KVCache
+
+NEG = -1.0e9  # "impossible" score for beam bookkeeping (finite, so arithmetic on it stays defined)
+
+
+# ----------------------------------------------------------------------------------- logits processing
+def apply_repetition_penalty(logits: torch.Tensor, seqs: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's penalty (Keskar et al. 2019): a token already in the sequence gets its logit divided by
+    `penalty` when positive, multiplied when negative, so it always becomes less likely."""
+    seen = logits.gather(1, seqs)
+    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return logits.scatter(1, seqs, seen)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    k = min(k, logits.size(-1))
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus sampling (Holtzman et al. 2020): keep the smallest set of most likely tokens whose total
+    probability reaches p. A token is dropped when the tokens ranked above it already reach p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    drop_sorted = mass_before >= p
+    drop_sorted[..., 0] = False  # the most likely token always survives
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float,
+                   num_beams: int, max_new_tokens: int) -> None:
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive integer, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1.0 = none), got {repetition_penalty}")
+    if not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be a positive integer, got {num_beams}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens}")
+
+
+# ----------------------------------------------------------------------------------- prompts
+def encode_prompts(tokenizer, prompts: str | Sequence[str], pad_token_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize prompts (no special tokens added: chat templates carry their own) and left-pad them."""
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    rows = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    if any(not r for r in rows):
+        raise ValueError("a prompt encodes to no tokens; generation needs at least one")
+    width = max(len(r) for r in rows)
+    pad = pad_token_id if pad_token_id is not None else (getattr(tokenizer, "pad_token_id", None) or 0)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def fit_context(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int, context: int,
+                truncation: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A prompt that leaves no room for max_new_tokens is an error, or loses its oldest tokens when
+    truncation="left"."""
+    if truncation not in ("error", "left"):
+        raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
+    total = input_ids.size(1) + max_new_tokens
+    if total <= context:
+        return input_ids, attention_mask
+    keep = context - max_new_tokens
+    if truncation == "error" or keep <= 0:
+        raise ValueError(f"prompt of {input_ids.size(1)} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                         f"model's context of {context} tokens (max_position_embeddings); shorten the prompt, lower "
+                         f"max_new_tokens" + (", or pass truncation='left' to drop the oldest prompt tokens"
+                                              if keep > 0 else ""))
+    return input_ids[:, -keep:], attention_mask[:, -keep:] if attention_mask is not None else None
+
+
+def _eos_set(model, eos_token_id) -> list[int]:
+    if eos_token_id is None:
+        eos_token_id = model.config.eos_token_id
+    if eos_token_id is None:
+        return []
+    return [int(e) for e in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])]
+
+
+class _StopStrings:
+    """Finds stop strings in the text generated so far (decoding only a recent window of tokens)."""
+
+    def __init__(self, tokenizer, stops: Sequence[str] | None) -> None:
+        self.stops = [s for s in (stops or []) if s]
+        if self.stops and tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer (pass tokenizer=...)")
+        self.tokenizer = tokenizer
+        self.window = max((len(s) for s in self.stops), default=0) + 8  # a token is >= 1 byte
+
+    def hit(self, new_tokens: list[int]) -> bool:
+        if not self.stops:
+            return False
+        text = self.tokenizer.decode(new_tokens[-self.window:], skip_special_tokens=False)
+        return any(s in text for s in self.stops)
+
+
+# ----------------------------------------------------------------------------------- decoding
+@torch.inference_mode()
+def generate_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                    max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
+                    top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
+                    eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                    stop_strings: Sequence[str] | None = None, tokenizer=None) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row, (B,), step by step; rows that finished (EOS or a stop string)
+    get `pad_token_id`. Stops when every row has finished or after max_new_tokens.
+    temperature=0 is greedy (argmax); > 0 samples from softmax(logits / temperature)."""
+    cfg = model.config
+    b = input_ids.size(0)
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    mask = attention_mask.long() if padded else None
+    eos = torch.tensor(_eos_set(model, eos_token_id), dtype=torch.long, device=input_ids.device)
+    pad = pad_token_id if pad_token_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else
+                                                         (int(eos[0]) if eos.numel() else 0))
+    generator = None
+    if temperature > 0 and seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(int(seed))
+    stopper = _StopStrings(tokenizer, stop_strings)
+    cache = KVCache(cfg.num_layers, max_length=input_ids.size(1) + max_new_tokens)
+    seqs = input_ids  # grows only when the repetition penalty needs the history
+    new_tokens: list[list[int]] = [[] for _ in range(b)]
+    finished = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
+    step_input = input_ids
+    for step in range(max_new_tokens):
+        out = model(step_input, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+        if repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, seqs, repetition_penalty)
+        if temperature > 0:
+            logits = logits / temperature
+            if top_k is not None:
+                logits = top_k_filter(logits, top_k)
+            if top_p is not None:
+                logits = top_p_filter(logits, top_p)
+            token = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
+        else:
+            token = logits.argmax(-1)
+        token = token.masked_fill(finished, pad)
+        yield token
+        if eos.numel():
+            finished |= torch.isin(token, eos)
+        if stopper.stops:
+            for i, t in enumerate(token.tolist()):
+                if not finished[i]:
+                    new_tokens[i].append(t)
+                    if stopper.hit(new_tokens[i]):
+                        finished[i] = True
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            return
+        step_input = token[:, None]
+        if repetition_penalty != 1.0:
+            seqs = torch.cat([seqs, step_input], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(b, 1)], dim=1)
+
+
+def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+             max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, repetition_penalty: float = 1.0, seed: int | None = None,
+             eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+             stop_strings: Sequence[str] | None = None, tokenizer=None, num_beams: int = 1,
+             length_penalty: float = 1.0, early_stopping: bool | str = False,
+             truncation: str = "error") -> torch.Tensor:
+    """Prompt + continuation, (B, T_prompt + T_new), like transformers' `generate`. Rows that stop early
+    are padded with pad_token_id. num_beams > 1 runs beam search (deterministic; see `beam_search`)."""
+    check_sampling(temperature, top_k, top_p, repetition_penalty, num_beams, max_new_tokens)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.size(1) == 0:
+        raise ValueError(f"input_ids must have shape (batch, prompt_len >= 1), got {tuple(input_ids.shape)}")
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has "
+                             f"{tuple(input_ids.shape)}")
+        if not bool(attention_mask[:, -1].all()):
+            raise ValueError("generation needs left padding (every row's last column a real token); "
+                             "use attnlab.inference.generate.encode_prompts")
+    input_ids, attention_mask = fit_context(input_ids, attention_mask, max_new_tokens,
+                                            model.config.max_position_embeddings, truncation)
+    if max_new_tokens == 0:
+        return input_ids
+    if num_beams > 1:
+        from .beam import beam_search
+        return beam_search(model, input_ids, attention_mask, num_beams=num_beams, max_new_tokens=max_new_tokens,
+                           length_penalty=length_penalty, early_stopping=early_stopping,
+                           repetition_penalty=repetition_penalty, eos_token_id=_eos_set(model, eos_token_id),
+                           pad_token_id=pad_token_id)
+    steps = list(generate_tokens(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_k=top_k, top_p=top_p,
+                                 repetition_penalty=repetition_penalty, seed=seed, eos_token_id=eos_token_id,
+                                 pad_token_id=pad_token_id, stop_strings=stop_strings, tokenizer=tokenizer))
+    return torch.cat([input_ids, torch.stack(steps, dim=1)], dim=1)
+
+
+# ----------------------------------------------------------------------------------- streaming
+class TextStreamer:
+    """Turns tokens into text pieces as they arrive. A byte-level BPE token can hold part of a UTF-8
+    character (an emoji is 4 bytes, often split over two tokens); such a piece decodes to U+FFFD, so
+    text is held back until the character is complete. Decoding the whole list each time (rather than
+    token by token) keeps spaces and merges exactly as a full decode would."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.ids: list[int] = []
+        self.sent = 0  # characters already yielded
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd"):
+            return ""
+        piece, self.sent = text[self.sent:], len(text)
+        return piece
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        piece, self.sent = text[self.sent:], len(text)
+        return piece
+
+
+def stream(model, tokenizer, prompt: str | torch.Tensor, *, stop_strings: Sequence[str] | None = None,
+           truncation: str = "error", **kwargs) -> Iterator[str]:
+    """Yield the continuation of one prompt as text pieces, as soon as each is decodable. Stop strings
+    end the stream and are not yielded themselves. kwargs: as `generate` (num_beams > 1 yields the
+    finished text once, since a beam's text can change until the search ends)."""
+    ids = encode_prompts(tokenizer, prompt)[0] if isinstance(prompt, str) else prompt.reshape(1, -1)
+    max_new = kwargs.pop("max_new_tokens", 32)
+    check_sampling(kwargs.get("temperature", 0.0), kwargs.get("top_k"), kwargs.get("top_p"),
+                   kwargs.get("repetition_penalty", 1.0), kwargs.get("num_beams", 1), max_new)
+    ids, _ = fit_context(ids, None, max_new, model.config.max_position_embeddings, truncation)
+    stops = [s for s in (stop_strings or []) if s]
+    if kwargs.get("num_beams", 1) > 1:
+        out = generate(model, ids, max_new_tokens=max_new, **kwargs)
+        text = tokenizer.decode(out[0, ids.size(1):])
+        cut = min((text.find(s) for s in stops if s in text), default=-1)
+        yield text if cut < 0 else text[:cut]
+        return
+    kwargs.pop("num_beams", None)
+    kwargs.pop("length_penalty", None)
+    kwargs.pop("early_stopping", None)
+    streamer = TextStreamer(tokenizer)
+    eos = set(_eos_set(model, kwargs.get("eos_token_id")))
+    pending = ""  # text that might be the start of a stop string
+    for token in generate_tokens(model, ids, max_new_tokens=max_new, stop_strings=stops or None,
+                                 tokenizer=tokenizer, **kwargs):
+        t = int(token[0])
+        if t in eos:
+            break
+        pending += streamer.push(t)
+        if stops:
+            hits = [pending.find(s) for s in stops if s in pending]
+            if hits:
+                yield pending[:min(hits)]
+                return
+            keep = max((k for s in stops for k in range(1, len(s)) if pending.endswith(s[:k])), default=0)
+            ready, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
+        else:
+            ready, pending = pending, ""
+        if ready:
+            yield ready
+    pending += streamer.flush()
+    if pending:
+        yield pending

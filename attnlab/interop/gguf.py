@@ -1,0 +1,231 @@
+"""GGUF (llama.cpp's single-file format) in: config, weights and tokenizer from one `.gguf` file.
+
+A GGUF file holds key/value metadata (architecture sizes, the tokenizer's tokens and merges, the chat
+template) and tensors, often block-quantized (Q4_1: 32 weights share a scale and a minimum). We read
+it with the `gguf` package, dequantize every tensor to fp32, and build the same `CausalLM` a Hugging
+Face LLaMA checkpoint gives. Two layout differences from Hugging Face are undone:
+  - tensor names (`blk.{i}.attn_q` ...) map through `NAMES` below;
+  - llama.cpp's converter permutes the rows of Q and K so that RoPE rotates adjacent pairs (2i, 2i+1);
+    our RoPE rotates (i, i + d/2) ("rotate half"), so the permutation is inverted per head.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ConfigError, ModelConfig
+from .hf import CheckpointError
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+# GGUF tensor name -> our CausalLM parameter name
+NAMES = [
+    ("token_embd.weight", "backbone.embeddings.tok.weight"),
+    ("output_norm.weight", "backbone.final_norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    ("blk.{i}.attn_norm.weight", "backbone.layers.{i}.attn_norm.weight"),
+    ("blk.{i}.attn_q.weight", "backbone.layers.{i}.attn.q.weight"),
+    ("blk.{i}.attn_k.weight", "backbone.layers.{i}.attn.k.weight"),
+    ("blk.{i}.attn_v.weight", "backbone.layers.{i}.attn.v.weight"),
+    ("blk.{i}.attn_output.weight", "backbone.layers.{i}.attn.o.weight"),
+    ("blk.{i}.ffn_norm.weight", "backbone.layers.{i}.ffn_norm.weight"),
+    ("blk.{i}.ffn_gate.weight", "backbone.layers.{i}.ffn.gate.weight"),
+    ("blk.{i}.ffn_up.weight", "backbone.layers.{i}.ffn.up.weight"),
+    ("blk.{i}.ffn_down.weight", "backbone.layers.{i}.ffn.down.weight"),
+]
+_PATTERNS = [(re.compile("^" + re.escape(g).replace(r"\{i\}", r"(\d+)") + "$"), ours) for g, ours in NAMES]
+IGNORED = ("rope_freqs.weight",)
+
+
+def is_gguf(path: str | Path) -> bool:
+    return Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
+
+
+@functools.lru_cache(maxsize=4)
+def _reader(path: str):
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("reading .gguf files needs the gguf package: pip install gguf") from None
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as err:  # the reader raises ValueError/struct errors on a damaged file
+        raise CheckpointError(f"{path}: not a readable GGUF file ({err})") from None
+
+
+def metadata(path: str | Path) -> dict:
+    """All key/value metadata of a GGUF file as Python values (strings, numbers, lists)."""
+    reader = _reader(str(Path(path).resolve()))
+    out = {}
+    for key, f in reader.fields.items():
+        try:
+            out[key] = f.contents()
+        except Exception:  # an exotic value type we do not need
+            continue
+    return out
+
+
+def config_from_gguf(meta: dict, source: str = "gguf") -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(f"{source}: general.architecture={arch!r} is not supported; "
+                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+    def need(key: str):
+        full = f"{arch}.{key}"
+        if full not in meta:
+            raise ConfigError(f"{source}: metadata key {full!r} is missing")
+        return meta[full]
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
+    kv = meta.get(f"{arch}.attention.head_count_kv", heads)
+    head_dim = int(meta.get(f"{arch}.rope.dimension_count", hidden // heads))
+    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
+        raise ConfigError(f"{source}: {arch}.rope.scaling.type={meta[f'{arch}.rope.scaling.type']!r} "
+                          "is not supported")
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    tok = lambda key: meta.get(f"tokenizer.ggml.{key}")  # noqa: E731
+    try:
+        return ModelConfig(
+            model_type="llama", vocab_size=int(vocab), hidden_size=hidden, num_layers=int(need("block_count")),
+            num_heads=heads, num_kv_heads=int(kv), head_dim=head_dim,
+            intermediate_size=int(need("feed_forward_length")),
+            max_position_embeddings=int(need("context_length")), type_vocab_size=0, position="rope",
+            norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False, causal=True,
+            embedding_norm=False, final_norm=True, pooler=False, dropout=0.0, attention_dropout=0.0,
+            norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            pad_token_id=tok("padding_token_id"), bos_token_id=tok("bos_token_id"),
+            eos_token_id=tok("eos_token_id"), tie_word_embeddings=True)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {str(err).removeprefix('config: ')}") from None
+
+
+def gguf_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    reader = _reader(str(path.resolve()))
+    cfg = config_from_gguf(metadata(path), str(path))
+    cfg.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
+    return cfg
+
+
+def _dequantize(t, source: str) -> np.ndarray:
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+    kind = Q(t.tensor_type)
+    if kind in (Q.F32, Q.F16, Q.BF16, Q.F64):
+        data = np.asarray(t.data)
+        if kind == Q.BF16:
+            data = dequantize(data, kind)
+        return data.astype(np.float32).reshape([int(d) for d in reversed(t.shape)])
+    try:
+        return dequantize(t.data, kind).astype(np.float32, copy=False)
+    except NotImplementedError:
+        raise CheckpointError(f"{source}: tensor {t.name!r} uses quantization type {kind.name}, which the gguf "
+                              "package cannot dequantize") from None
+
+
+def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Invert llama.cpp's Q/K row order: per head, rows (0, d/2, 1, d/2+1, ...) back to (0, 1, ..., d-1)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None):
+    """A `CausalLM` with the file's weights dequantized to fp32 (then cast to `dtype` if given)."""
+    from ..models.decoder import CausalLM
+    path = Path(path)
+    source = str(path)
+    cfg = gguf_config(path)
+    reader = _reader(str(path.resolve()))
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    expected = dict(model.named_parameters())
+    tensors: dict[str, torch.Tensor] = {}
+    unexpected = []
+    for t in reader.tensors:
+        ours = None
+        for pat, template in _PATTERNS:
+            m = pat.match(t.name)
+            if m:
+                ours = template.replace("{i}", m.group(1)) if m.groups() else template
+                break
+        if ours is None or ours not in expected:
+            if t.name not in IGNORED:
+                unexpected.append(t.name)
+            continue
+        w = torch.from_numpy(_dequantize(t, source))
+        if ours.endswith("attn.q.weight"):
+            w = unpermute_rope(w, cfg.num_heads)
+        elif ours.endswith("attn.k.weight"):
+            w = unpermute_rope(w, cfg.kv_heads)
+        if w.shape != expected[ours].shape:
+            raise CheckpointError(f"{source}: tensor {t.name!r} has shape {tuple(w.shape)}, "
+                                  f"expected {tuple(expected[ours].shape)} for {ours}")
+        tensors[ours] = w
+    if unexpected:
+        raise CheckpointError(f"{source}: tensors with no counterpart in a {cfg.model_type} model: "
+                              + ", ".join(unexpected[:6]))
+    missing = [k for k in expected if k not in tensors and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensors for " + ", ".join(missing[:6]))
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.backbone.rope = type(model.backbone.rope)(cfg.dim_head, cfg.rope_theta)  # rebuild buffer off meta
+    model.tie_weights()
+    if dtype is not None:
+        model = model.to(dtype)
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------------- tokenizer
+_TOKEN_CONTROL, _TOKEN_USER = 3, 4  # llama.cpp token types (1 = normal, 6 = byte, ...)
+
+
+def tokenizer_from_gguf(path: str | Path):
+    """The file's byte-level BPE tokenizer (GPT-2 style: tokens + merges) as an attnlab Tokenizer, with the
+    chat template from the metadata in `.chat_template`."""
+    import tokenizers as tk
+
+    from ..tokenizers import Tokenizer
+    path = Path(path)
+    meta = metadata(path)
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ConfigError(f"{path}: tokenizer.ggml.model={kind!r} is not supported (only 'gpt2': byte-level BPE)")
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    merges = meta.get("tokenizer.ggml.merges") or []
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = tk.Tokenizer(tk.models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
+                                         byte_fallback=False))
+    byte_level = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if meta.get("tokenizer.ggml.pre") == "smollm":  # SmolLM splits numbers into single digits
+        backend.pre_tokenizer = tk.pre_tokenizers.Sequence(
+            [tk.pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        backend.pre_tokenizer = byte_level
+    backend.decoder = tk.decoders.ByteLevel()
+    backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False)
+                                for t, ty in zip(tokens, types) if ty == _TOKEN_CONTROL])
+    backend.add_tokens([tk.AddedToken(t, normalized=False) for t, ty in zip(tokens, types) if ty == _TOKEN_USER])
+    specials = {}
+    for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+        i = meta.get(f"tokenizer.ggml.{key}")
+        if i is not None and 0 <= int(i) < len(tokens):
+            specials[role] = tokens[int(i)]
+    if meta.get("tokenizer.ggml.add_bos_token") and "bos_token" in specials:
+        bos = specials["bos_token"]
+        backend.post_processor = tk.processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+    arch = meta.get("general.architecture", "")
+    tok = Tokenizer(backend, specials=specials, name=str(path),
+                    model_max_length=int(meta.get(f"{arch}.context_length", 2048)))
+    tok.chat_template = meta.get("tokenizer.chat_template")
+    return tok

