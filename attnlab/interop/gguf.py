@@ -1,9 +1,9 @@
 """GGUF (llama.cpp's single-file format) in: config, weights and tokenizer from one `.gguf` file.
 
 A GGUF file holds key/value metadata (architecture sizes, the tokenizer's tokens and merges, the chat
-template) and tensors, often block-quantized (Q4_1: 32 weights share a scale and a minimum). We read
-it with the `gguf` package, dequantize every tensor to fp32, and build the same `CausalLM` a Hugging
-Face LLaMA checkpoint gives. Two layout differences from Hugging Face are undone:
+template) and tensors, often block-quantized (Q4_1: 32 weights share a scale and a minimum). We parse
+the header ourselves, dequantize every tensor to fp32 with the `gguf` package, and build the same
+`CausalLM` a Hugging Face LLaMA checkpoint gives. Two layout differences from Hugging Face are undone:
   - tensor names (`blk.{i}.attn_q` ...) map through `NAMES` below;
   - llama.cpp's converter permutes the rows of Q and K so that RoPE rotates adjacent pairs (2i, 2i+1);
     our RoPE rotates (i, i + d/2) ("rotate half"), so the permutation is inverted per head.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -45,28 +46,99 @@ def is_gguf(path: str | Path) -> bool:
     return Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
 
 
+class GGUFFile:
+    """The parts of a GGUF file we need: metadata as Python values and where each tensor's bytes are.
+
+    Parsed here with `struct` (the layout is a short header, key/values, tensor infos, aligned data)
+    because `gguf.GGUFReader` builds objects for each of the ~100k tokenizer strings and takes seconds;
+    the tensors themselves are dequantized by the `gguf` package.
+    """
+
+    _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+    _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
+              7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.buf = np.memmap(path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{path}: cannot read ({err})") from None
+        self.mv = memoryview(self.buf)
+        self.pos = 0
+        try:
+            magic, version = self._take("<4sI")
+            if magic != b"GGUF" or version not in (2, 3):
+                raise CheckpointError(f"{path}: not a GGUF v2/v3 file (magic {magic!r}, version {version})")
+            n_tensors, n_kv = self._take("<QQ")
+            self.meta = {}
+            for _ in range(n_kv):
+                key = self._string()
+                (kind,) = self._take("<I")
+                self.meta[key] = self._value(kind)
+            self.tensors = []  # (name, dims in ggml order (fastest first), ggml type, offset)
+            for _ in range(n_tensors):
+                name = self._string()
+                (n_dims,) = self._take("<I")
+                dims = list(self._take(f"<{n_dims}Q"))
+                kind, offset = self._take("<IQ")
+                self.tensors.append((name, dims, kind, offset))
+        except (struct.error, UnicodeDecodeError, IndexError) as err:
+            raise CheckpointError(f"{path}: damaged or truncated GGUF header ({err})") from None
+        align = int(self.meta.get("general.alignment", 32))
+        self.data_start = (self.pos + align - 1) // align * align
+
+    def _take(self, fmt: str) -> tuple:
+        values = struct.unpack_from(fmt, self.mv, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return values
+
+    def _string(self) -> str:
+        (n,) = self._take("<Q")
+        text = bytes(self.mv[self.pos:self.pos + n]).decode("utf-8")
+        self.pos += n
+        return text
+
+    def _value(self, kind: int):
+        if kind == 8:
+            return self._string()
+        if kind in self._SCALARS:
+            return self._take(self._SCALARS[kind])[0]
+        if kind == 9:
+            inner, count = self._take("<IQ")
+            if inner in self._NUMPY:  # numeric arrays in one read
+                dtype = np.dtype(self._NUMPY[inner])
+                arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
+                self.pos += count * dtype.itemsize
+                return arr.tolist()
+            return [self._value(inner) for _ in range(count)]
+        raise CheckpointError(f"{self.path}: unknown GGUF value type {kind}")
+
+    def tensor_bytes(self, dims: list[int], kind: int, offset: int) -> np.ndarray:
+        """Raw bytes of a tensor as (rows, bytes per row)."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+        try:
+            block, size = GGML_QUANT_SIZES[Q(kind)]
+        except ValueError:
+            raise CheckpointError(f"{self.path}: unknown GGML tensor type {kind}") from None
+        rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+        row_bytes = dims[0] // block * size
+        start = self.data_start + offset
+        return self.buf[start:start + rows * row_bytes].reshape(rows, row_bytes)
+
+
 @functools.lru_cache(maxsize=4)
-def _reader(path: str):
+def _reader(path: str) -> GGUFFile:
     try:
-        import gguf
+        import gguf  # noqa: F401  (dequantization and type sizes)
     except ImportError:
         raise ImportError("reading .gguf files needs the gguf package: pip install gguf") from None
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as err:  # the reader raises ValueError/struct errors on a damaged file
-        raise CheckpointError(f"{path}: not a readable GGUF file ({err})") from None
+    return GGUFFile(path)
 
 
 def metadata(path: str | Path) -> dict:
     """All key/value metadata of a GGUF file as Python values (strings, numbers, lists)."""
-    reader = _reader(str(Path(path).resolve()))
-    out = {}
-    for key, f in reader.fields.items():
-        try:
-            out[key] = f.contents()
-        except Exception:  # an exotic value type we do not need
-            continue
-    return out
+    return _reader(str(Path(path).resolve())).meta
 
 
 def config_from_gguf(meta: dict, source: str = "gguf") -> ModelConfig:
@@ -109,23 +181,23 @@ def gguf_config(path: str | Path) -> ModelConfig:
     path = Path(path)
     reader = _reader(str(path.resolve()))
     cfg = config_from_gguf(metadata(path), str(path))
-    cfg.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
+    cfg.tie_word_embeddings = not any(t[0] == "output.weight" for t in reader.tensors)
     return cfg
 
 
-def _dequantize(t, source: str) -> np.ndarray:
+def _dequantize(reader: GGUFFile, name: str, dims: list[int], kind_id: int, offset: int) -> np.ndarray:
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
-    kind = Q(t.tensor_type)
-    if kind in (Q.F32, Q.F16, Q.BF16, Q.F64):
-        data = np.asarray(t.data)
-        if kind == Q.BF16:
-            data = dequantize(data, kind)
-        return data.astype(np.float32).reshape([int(d) for d in reversed(t.shape)])
+    raw = reader.tensor_bytes(dims, kind_id, offset)
+    kind = Q(kind_id)
+    shape = [int(d) for d in reversed(dims)]
+    if kind in (Q.F32, Q.F16, Q.F64):
+        dtype = {Q.F32: np.float32, Q.F16: np.float16, Q.F64: np.float64}[kind]
+        return raw.view(dtype).astype(np.float32).reshape(shape)
     try:
-        return dequantize(t.data, kind).astype(np.float32, copy=False)
+        return dequantize(raw, kind).astype(np.float32, copy=False).reshape(shape)
     except NotImplementedError:
-        raise CheckpointError(f"{source}: tensor {t.name!r} uses quantization type {kind.name}, which the gguf "
+        raise CheckpointError(f"{reader.path}: tensor {name!r} uses quantization type {kind.name}, which the gguf "
                               "package cannot dequantize") from None
 
 
@@ -147,24 +219,24 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None):
     expected = dict(model.named_parameters())
     tensors: dict[str, torch.Tensor] = {}
     unexpected = []
-    for t in reader.tensors:
+    for name, dims, kind, offset in reader.tensors:
         ours = None
         for pat, template in _PATTERNS:
-            m = pat.match(t.name)
+            m = pat.match(name)
             if m:
                 ours = template.replace("{i}", m.group(1)) if m.groups() else template
                 break
         if ours is None or ours not in expected:
-            if t.name not in IGNORED:
-                unexpected.append(t.name)
+            if name not in IGNORED:
+                unexpected.append(name)
             continue
-        w = torch.from_numpy(_dequantize(t, source))
+        w = torch.from_numpy(_dequantize(reader, name, dims, kind, offset))
         if ours.endswith("attn.q.weight"):
             w = unpermute_rope(w, cfg.num_heads)
         elif ours.endswith("attn.k.weight"):
             w = unpermute_rope(w, cfg.kv_heads)
         if w.shape != expected[ours].shape:
-            raise CheckpointError(f"{source}: tensor {t.name!r} has shape {tuple(w.shape)}, "
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(w.shape)}, "
                                   f"expected {tuple(expected[ours].shape)} for {ours}")
         tensors[ours] = w
     if unexpected:
