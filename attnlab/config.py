@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none")
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh")  # geglu_tanh: T5 v1.1 "gated-gelu"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -54,6 +54,7 @@ class ModelConfig:
     sliding_window: int | None = None   # local attention: each query sees keys within this distance
     attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 uses 1.0)
     embedding_norm: bool = True         # LayerNorm after the embeddings (BERT); GPT-2 has none
+    scale_embeddings: bool = False      # token embeddings times sqrt(hidden_size) (Vaswani et al. 2017, §3.4)
     final_norm: bool | None = None      # None = True for pre-LN stacks, False for post-LN
     pooler: bool = True                 # BERT's tanh pooler over [CLS]
     tie_word_embeddings: bool = True
@@ -97,7 +98,7 @@ class ModelConfig:
 
     @property
     def is_glu(self) -> bool:
-        return self.activation in ("geglu", "swiglu")
+        return self.activation in ("geglu", "swiglu", "geglu_tanh")
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
@@ -132,6 +133,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise bad(name, "must be a positive number")
+        if not isinstance(self.scale_embeddings, bool):
+            raise bad("scale_embeddings", "must be true or false")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise bad("pad_token_id", f"is outside the vocabulary (vocab_size={self.vocab_size})")
         if self.position == "relative_bias" and self.relative_num_buckets < 2:
@@ -178,6 +181,33 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert-mini": dict(_BERT, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
     "bert-tiny": dict(_BERT, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512),
     "minilm-l6": dict(_BERT, hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+    # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
+    # The original Transformer, base model (Vaswani et al. 2017, Table 3): post-LN, sinusoidal positions added
+    # to embeddings scaled by sqrt(d_model) (§3.4-3.5), ReLU FFN (§3.3), residual dropout 0.1 (§5.4), one
+    # shared source/target vocabulary tied to the output projection (§3.4); training recipe in extra:
+    # label smoothing 0.1 (§5.4), Adam(0.9, 0.98, 1e-9) with lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3).
+    "transformer-base": dict(model_type="transformer", vocab_size=37000, hidden_size=512, num_layers=6, num_heads=8,
+                             intermediate_size=2048, max_position_embeddings=1024, type_vocab_size=0,
+                             position="sinusoidal", norm_placement="post", activation="relu", embedding_norm=False,
+                             scale_embeddings=True, pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.0,
+                             pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                             extra={"num_decoder_layers": 6, "decoder_start_token_id": 2, "label_smoothing": 0.1,
+                                    "warmup_steps": 4000, "adam_betas": [0.9, 0.98], "adam_eps": 1e-9}),
+    # T5-small (Raffel et al. 2020, §3.1): pre-LN RMSNorm without bias, no absolute positions but a relative
+    # bias per bucket computed once per stack and shared by its layers (§2.1), unscaled q.k (attention_scale
+    # 1.0: the 1/sqrt(d_k) is folded into the initialisation), ReLU FFN; decoding starts from <pad> = 0.
+    "t5-small": dict(model_type="t5", vocab_size=32128, hidden_size=512, num_layers=6, num_heads=8, head_dim=64,
+                     intermediate_size=2048, type_vocab_size=0, position="relative_bias", norm="rmsnorm",
+                     norm_placement="pre", activation="relu", bias=False, attention_scale=1.0, embedding_norm=False,
+                     pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.1, pad_token_id=0, eos_token_id=1,
+                     extra={"num_decoder_layers": 6, "decoder_start_token_id": 0, "scale_decoder_outputs": True}),
+    # T5 v1.1-small: gated-GELU FFN (Shazeer 2020), untied output projection, decoder output not rescaled.
+    "t5-v1_1-small": dict(model_type="t5", vocab_size=32128, hidden_size=512, num_layers=8, num_heads=6, head_dim=64,
+                          intermediate_size=1024, type_vocab_size=0, position="relative_bias", norm="rmsnorm",
+                          norm_placement="pre", activation="geglu_tanh", bias=False, attention_scale=1.0,
+                          embedding_norm=False, pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.1,
+                          pad_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+                          extra={"num_decoder_layers": 8, "decoder_start_token_id": 0, "scale_decoder_outputs": False}),
 }
 
 

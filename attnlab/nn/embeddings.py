@@ -26,10 +26,15 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.project = nn.Linear(e, config.hidden_size) if e != config.hidden_size else None
         self.max_positions = config.max_position_embeddings
+        self.scale = float(e) ** 0.5 if config.scale_embeddings else None
 
     def forward(self, input_ids: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tok(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.scale is not None and inputs_embeds is None:
+            # Vaswani et al. 2017, §3.4: embeddings times sqrt(d_model), so that they are not drowned by
+            # the unit-amplitude sinusoids added next (the same matrix is the output projection)
+            x = x * self.scale
         if self.pos is not None or self.sinusoid is not None:
             top = int(position_ids.max()) if position_ids.numel() else 0
             if top >= self.max_positions:

@@ -16,6 +16,7 @@ def activation_fn(name: str):
         "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
         "silu": F.silu,
         "geglu": F.gelu,
+        "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # T5 v1.1's "gated-gelu" (gelu_new)
         "swiglu": F.silu,
     }[name]
 
