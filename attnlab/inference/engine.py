@@ -1,0 +1,315 @@
+"""Continuous batching over a paged KV cache (Yu et al. 2022, "Orca": iteration-level scheduling;
+Kwon et al. 2023, vLLM): requests join and leave the running batch at every decoding step instead of
+waiting for a whole static batch to finish, so a short request never waits for a long one and the batch
+stays full.
+
+Every sequence is just `tokens = prompt + output` plus a block table saying how many of them already
+have keys/values in the pool; a step feeds each running sequence the tokens it has not cached yet. For a
+decoding sequence that is its last sampled token; for a newly admitted one it is the whole prompt
+(prefill); for one that was preempted it is everything so far (recomputed). One `step()`:
+
+  1. drop cancelled requests (their blocks go back to the pool at once);
+  2. give every running sequence room for its next token; when the pool is empty, preempt the most
+     recently admitted sequence (blocks freed, sequence back at the head of the queue, recomputed later),
+     which keeps the oldest requests moving;
+  3. admit waiting requests, oldest first, while the batch has a free row, the prefill token budget
+     allows, and the pool has blocks for the whole prompt; otherwise they stay queued (a full pool
+     queues, it never fails);
+  4. run the decode rows (one token each) and the prefill rows (prompts, left-padded) as two forward
+     passes in the same step, since padding a 1-token row to a prompt's length would waste the work;
+  5. sample each row with its own settings, append, and finish rows on EOS / stop string / length.
+
+    >>> engine = Engine(model, num_blocks=64)
+    >>> outs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=8))
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .generate import apply_repetition_penalty, top_k_filter, top_p_filter
+from .paged import BlockPool, BlockTable, PagedBatchCache
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its limit; the caller should retry later (HTTP 429)."""
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 0.0           # 0 = greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: Sequence[str] = ()           # stop strings (need the engine's tokenizer)
+    eos_token_ids: Sequence[int] | None = None  # None: the model's eos_token_id
+    ignore_eos: bool = False
+
+
+@dataclass
+class Request:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None   # "stop" | "length" | "cancelled" | "error"
+    error: str | None = None
+    table: BlockTable = field(default_factory=BlockTable)
+    on_event: Callable[["Request", int | None], None] | None = None  # (request, new token or None at the end)
+    arrived: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    preemptions: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+    generator: torch.Generator | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine:
+    def __init__(self, model, tokenizer=None, *, num_blocks: int = 256, block_size: int = 16,
+                 max_batch: int = 32, max_waiting: int = 256, max_prefill_tokens: int = 2048) -> None:
+        if not getattr(model.config, "causal", False) or not hasattr(model, "lm_head"):
+            raise ValueError("the engine needs a causal LM (a decoder with an LM head)")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.pool = BlockPool.for_model(model, num_blocks, block_size)
+        self.max_batch, self.max_waiting, self.max_prefill_tokens = max_batch, max_waiting, max_prefill_tokens
+        self.context = model.config.max_position_embeddings
+        eos = model.config.eos_token_id
+        self.eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+        self.pad = model.config.pad_token_id or 0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._cancel: set[int] = set()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.stats = dict(requests=0, finished=0, prompt_tokens=0, generated_tokens=0, steps=0, preemptions=0)
+
+    # ------------------------------------------------------------------ requests in and out
+    def check(self, prompt_len: int, params: SamplingParams) -> None:
+        """Reject at once what could never run (instead of queueing it forever)."""
+        if prompt_len < 1:
+            raise ValueError("prompt must have at least one token")
+        if not isinstance(params.max_new_tokens, int) or params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {params.max_new_tokens}")
+        total = prompt_len + params.max_new_tokens
+        if total > self.context:
+            raise ValueError(f"prompt of {prompt_len} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
+                             f"model's context of {self.context} tokens")
+        if self.pool.blocks_for(total) > self.pool.capacity_blocks:
+            raise ValueError(f"prompt + max_new_tokens = {total} tokens does not fit the KV pool "
+                             f"({self.pool.capacity_blocks * self.pool.block_size} tokens)")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the engine's tokenizer")
+
+    def add_request(self, prompt: Sequence[int], params: SamplingParams | None = None,
+                    on_event: Callable | None = None) -> Request:
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt]
+        self.check(len(prompt), params)
+        req = Request(next(self._ids), prompt, params, on_event=on_event)
+        if params.temperature > 0:
+            req.generator = torch.Generator().manual_seed(params.seed if params.seed is not None
+                                                          else torch.seed() % 2 ** 63)
+        with self._wake:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self.waiting)} requests already queued (max {self.max_waiting})")
+            self.waiting.append(req)
+            self.stats["requests"] += 1
+            self._wake.notify()
+        return req
+
+    def cancel(self, request: Request | int) -> None:
+        """Stop a request (a client went away); its blocks are freed at the start of the next step."""
+        with self._wake:
+            self._cancel.add(request if isinstance(request, int) else request.id)
+            self._wake.notify()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._cancel)
+
+    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        req.finish_reason, req.error = reason, error
+        self.pool.free(req.table)
+        self.stats["finished"] += 1
+        if req.on_event:
+            req.on_event(req, None)
+        req.done.set()
+
+    # ------------------------------------------------------------------ scheduling
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            cancel, self._cancel = self._cancel, set()
+            dropped = [r for r in self.waiting if r.id in cancel]
+            for r in dropped:
+                self.waiting.remove(r)
+        dropped += [r for r in self.running if r.id in cancel]
+        self.running = [r for r in self.running if r.id not in cancel]
+        for r in dropped:
+            self._finish(r, "cancelled")
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.pool.free(req.table)
+        req.preemptions += 1
+        self.stats["preemptions"] += 1
+        with self._lock:
+            self.waiting.appendleft(req)
+
+    def _schedule(self) -> tuple[list[Request], list[Request]]:
+        decode: list[Request] = []
+        for req in list(self.running):
+            if req not in self.running:
+                continue  # preempted below to make room for an older one
+            while not self.pool.ensure(req.table, req.table.length + 1):
+                self._preempt(self.running[-1])
+                if req not in self.running:
+                    break
+            else:
+                decode.append(req)
+        prefill: list[Request] = []
+        budget = self.max_prefill_tokens
+        with self._lock:
+            while self.waiting and len(self.running) + len(prefill) < self.max_batch:
+                req = self.waiting[0]
+                n = len(req.tokens)
+                if prefill and n > budget:
+                    break
+                if not self.pool.ensure(req.table, n):
+                    break  # the pool is full: it waits for blocks to come back
+                self.waiting.popleft()
+                prefill.append(req)
+                budget -= n
+        self.running += prefill
+        return decode, prefill
+
+    # ------------------------------------------------------------------ one iteration
+    @torch.inference_mode()
+    def _forward(self, reqs: list[Request]) -> torch.Tensor:
+        new = [len(r.tokens) - r.table.length for r in reqs]
+        cache = PagedBatchCache(self.pool, [r.table for r in reqs], new)
+        ids = torch.full((len(reqs), cache.t), self.pad, dtype=torch.long)
+        for i, (r, n) in enumerate(zip(reqs, new)):
+            ids[i, cache.t - n:] = torch.tensor(r.tokens[-n:])
+        out = self.model(ids.to(cache.attention_mask.device), attention_mask=cache.attention_mask,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.commit()
+        return out.logits[:, -1].float()
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+        tokens = logits.argmax(-1).tolist()
+        for i, r in enumerate(reqs):
+            p = r.params
+            if p.temperature <= 0 and p.repetition_penalty == 1.0:
+                continue
+            row = logits[i:i + 1]
+            if p.repetition_penalty != 1.0:
+                row = apply_repetition_penalty(row, torch.tensor([r.tokens]), p.repetition_penalty)
+            if p.temperature > 0:
+                row = row / p.temperature
+                if p.top_k is not None:
+                    row = top_k_filter(row, p.top_k)
+                if p.top_p is not None:
+                    row = top_p_filter(row, p.top_p)
+                tokens[i] = int(torch.multinomial(row.softmax(-1), 1, generator=r.generator))
+            else:
+                tokens[i] = int(row.argmax(-1))
+        return tokens
+
+    def _append(self, req: Request, token: int) -> None:
+        req.output.append(token)
+        self.stats["generated_tokens"] += 1
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        if req.on_event:
+            req.on_event(req, token)
+        p = req.params
+        eos = self.eos if p.eos_token_ids is None else list(p.eos_token_ids)
+        if not p.ignore_eos and token in eos:
+            self._finish(req, "stop")
+        elif p.stop and self._stop_hit(req):
+            self._finish(req, "stop")
+        elif len(req.output) >= p.max_new_tokens or len(req.tokens) >= self.context:
+            self._finish(req, "length")
+
+    def _stop_hit(self, req: Request) -> bool:
+        window = max(len(s) for s in req.params.stop) + 8  # a token is at least one character
+        text = self.tokenizer.decode(req.output[-window:], skip_special_tokens=False)
+        return any(s and s in text for s in req.params.stop)
+
+    def step(self) -> int:
+        """One scheduling iteration; returns how many tokens it generated."""
+        self._drop_cancelled()
+        decode, prefill = self._schedule()
+        produced = 0
+        for group in (decode, prefill):
+            if not group:
+                continue
+            if group is prefill:
+                self.stats["prompt_tokens"] += sum(len(r.tokens) for r in group if not r.preemptions)
+            try:
+                tokens = self._sample(group, self._forward(group))
+            except Exception as err:  # a failing batch must not take the other requests' server down
+                for r in group:
+                    self.running.remove(r)
+                    self._finish(r, "error", f"{type(err).__name__}: {err}")
+                continue
+            for r, t in zip(group, tokens):
+                self._append(r, t)
+                produced += 1
+        self.running = [r for r in self.running if not r.finished]
+        self.stats["steps"] += 1
+        return produced
+
+    # ------------------------------------------------------------------ driving it
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
+                 ) -> list[list[int]]:
+        """Run prompts to completion in this thread (all admitted as the batch allows); outputs in order."""
+        many = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, many)]
+        while not all(r.finished for r in reqs):
+            self.step()
+        return [r.output for r in reqs]
+
+    def start(self) -> "Engine":
+        """Run the scheduling loop in a background thread (the server's mode)."""
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._loop, name="attnlab-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not self.has_work:
+                    self._wake.wait()
+                if self._stop:
+                    return
+            self.step()

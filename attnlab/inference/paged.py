@@ -1,0 +1,144 @@
+"""Paged KV cache (Kwon et al. 2023, "PagedAttention"): keys and values live in fixed-size blocks taken
+from one shared pool, and each sequence owns a *block table*, the list of its blocks in order.
+
+Why blocks: a contiguous per-request cache must be sized for the longest possible output, so most of it
+sits empty; with blocks a sequence takes memory one block at a time and gives it back the moment it
+finishes, so many more requests fit in the same memory and no request ever copies its history to grow.
+
+Layout: per layer, a flat tensor of `num_blocks * block_size` token slots, each (kv_heads, head_dim).
+Token j of a sequence lives in slot `table[j // block_size] * block_size + j % block_size`.
+Block 0 is never handed out: it is the scratch slot that padding positions write to and read from
+(always masked out by attention), so a batch can be a plain padded tensor with no special cases.
+
+    >>> pool = BlockPool(num_layers=1, num_blocks=4, block_size=2, kv_heads=1, head_dim=1)
+    >>> table = BlockTable()
+    >>> pool.ensure(table, 3)          # room for 3 tokens = 2 blocks
+    True
+    >>> table.blocks, pool.num_free
+    ([1, 2], 1)
+    >>> pool.free(table); pool.num_free
+    3
+
+`PagedBatchCache` is what `Attention` sees during one forward pass of the engine (the `cache.update`
+hook): new keys are written into their slots, then each row's whole history is gathered into a
+padded (B, kv_heads, K, d) tensor, right-aligned so that the ordinary left-padding attention mask and
+positions of `Encoder` apply unchanged.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+SCRATCH_BLOCK = 0
+
+
+class BlockTable:
+    """One sequence's blocks, in order, and how many tokens are stored in them."""
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []
+        self.length = 0  # tokens whose keys/values are written
+
+    def slots(self, start: int, end: int, block_size: int) -> list[int]:
+        return [self.blocks[j // block_size] * block_size + j % block_size for j in range(start, end)]
+
+
+class BlockPool:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device=None) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is scratch), got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
+        slots = num_blocks * block_size
+        # zeros, not empty: masked slots still enter the softmax-weighted sum as 0 * value, which must
+        # never be 0 * NaN
+        self.keys = torch.zeros(num_layers, slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self._free = list(range(num_blocks - 1, SCRATCH_BLOCK, -1))  # pop() hands out low ids first
+        self._lock = threading.Lock()  # the server reads num_free from another thread
+
+    @classmethod
+    def for_model(cls, model, num_blocks: int, block_size: int = 16) -> "BlockPool":
+        cfg = model.config
+        p = next(model.parameters())
+        return cls(cfg.num_layers, num_blocks, block_size, cfg.kv_heads, cfg.dim_head, p.dtype, p.device)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Blocks a sequence can ever hold (all but the scratch block)."""
+        return self.num_blocks - 1
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    def ensure(self, table: BlockTable, tokens: int) -> bool:
+        """Grow `table` to hold `tokens` tokens. False (and nothing taken) when the pool is too empty."""
+        need = self.blocks_for(tokens) - len(table.blocks)
+        if need <= 0:
+            return True
+        with self._lock:
+            if need > len(self._free):
+                return False
+            table.blocks += [self._free.pop() for _ in range(need)]
+        return True
+
+    def free(self, table: BlockTable) -> None:
+        with self._lock:
+            self._free += reversed(table.blocks)
+        table.blocks, table.length = [], 0
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.keys[0, 0].numel() * self.keys.element_size()
+
+
+class PagedBatchCache:
+    """The `past_key_values` of one engine forward pass over B sequences.
+
+    Row i has `past[i]` tokens cached and `new[i]` new tokens in this pass; the inputs are left-padded to
+    T = max(new), and the keys are gathered right-aligned into K = max(past + new) columns. Then for
+    every row the query in column c has absolute key column c + (K - T): one causal offset for the
+    whole batch, so `Encoder` only needs `get_seq_length() = K - T` and a left-padded mask (B, K).
+    """
+
+    def __init__(self, pool: BlockPool, tables: list[BlockTable], new: list[int]) -> None:
+        bs = pool.block_size
+        self.pool = pool
+        past = [t.length for t in tables]
+        total = [p + n for p, n in zip(past, new)]
+        self.t, self.k = max(new), max(total)
+        write, read = [], []
+        mask = torch.zeros(len(tables), self.k, dtype=torch.long)
+        for i, (table, p, n, tot) in enumerate(zip(tables, past, new, total)):
+            write += [SCRATCH_BLOCK] * (self.t - n) + table.slots(p, tot, bs)
+            read += [SCRATCH_BLOCK] * (self.k - tot) + table.slots(0, tot, bs)
+            mask[i, self.k - tot:] = 1
+        device = pool.keys.device
+        self.write = torch.tensor(write, dtype=torch.long, device=device)
+        self.read = torch.tensor(read, dtype=torch.long, device=device)
+        self.attention_mask = mask.to(device)
+        self.tables, self.new = tables, new
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.k - self.t
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, t, d = k.shape
+        keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
+        keys.index_copy_(0, self.write, k.transpose(1, 2).reshape(b * t, h, d).to(keys.dtype))
+        values.index_copy_(0, self.write, v.transpose(1, 2).reshape(b * t, h, d).to(values.dtype))
+        k_all = keys.index_select(0, self.read).view(b, self.k, h, d).transpose(1, 2)
+        v_all = values.index_select(0, self.read).view(b, self.k, h, d).transpose(1, 2)
+        return k_all, v_all
+
+    def commit(self) -> None:
+        """After the forward pass: the new tokens are now part of each sequence's history."""
+        for table, n in zip(self.tables, self.new):
+            table.length += n
