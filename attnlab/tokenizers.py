@@ -40,7 +40,8 @@ from typing import Any, Iterable, Sequence
 
 import tokenizers as tk
 
-__all__ = ["Tokenizer", "Encoding", "load_tokenizer", "build_wordpiece", "read_vocab"]
+__all__ = ["Tokenizer", "Encoding", "load_tokenizer", "build_wordpiece", "read_vocab", "build_byte_level_bpe",
+           "read_gpt2_files", "build_char_tokenizer", "train_tokenizer"]
 
 # Role -> token for BERT; tokenizer_config.json / special_tokens_map.json may rename them.
 BERT_SPECIALS = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
@@ -48,6 +49,9 @@ BERT_SPECIALS = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]
 REQUIRED_WORDPIECE = ("unk_token", "cls_token", "sep_token", "pad_token")  # [MASK] only matters for MLM
 DEFAULT_MAX_LENGTH = 512
 _UNSET_MAX_LENGTH = 1_000_000  # transformers writes ~1e30 to mean "no limit"; treat as unset
+# GPT-2's one special token plays every role it has (begin/end of text, unknown).
+GPT2_SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+ROLES = (*BERT_SPECIALS, "bos_token", "eos_token")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,8 +125,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
         found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
+        if not found and read_gpt2_files(path) is not None:  # GPT-2 files: encoder.json + vocab.bpe
+            return Tokenizer(build_byte_level_bpe(*read_gpt2_files(path)), specials=dict(GPT2_SPECIALS),
+                             model_max_length=1024, name=str(path))
         if not found:
-            raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt")
+            raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt "
+                                    f"(nor GPT-2's encoder.json + vocab.bpe)")
         path = found[0]
     config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
     max_length = config.get("model_max_length")
@@ -134,7 +142,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     backend = tk.Tokenizer.from_file(str(path)) if path.suffix == ".json" else None
     wordpiece = backend is None or isinstance(backend.model, tk.models.WordPiece)
     specials = dict(BERT_SPECIALS) if wordpiece else {}  # BPE defaults will differ
-    specials.update({role: _token_str(config[role]) for role in BERT_SPECIALS if config.get(role)})
+    specials.update({role: _token_str(config[role]) for role in ROLES if config.get(role)})
     if backend is not None:
         if wordpiece:
             _check_specials(backend.get_vocab(), specials, path)
@@ -144,6 +152,98 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                                   chinese_chars=config.get("tokenize_chinese_chars", True),
                                   specials=specials, source=path)
     return Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# Byte-level BPE (GPT-2), character level, and training new vocabularies
+
+def read_gpt2_files(directory: str | Path) -> tuple[dict[str, int], list[tuple[str, str]]] | None:
+    """(vocab, merges) from GPT-2's encoder.json + vocab.bpe (or vocab.json + merges.txt); None if absent."""
+    directory = Path(directory)
+    for vocab_name, merges_name in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
+        if (directory / vocab_name).is_file() and (directory / merges_name).is_file():
+            vocab = json.loads((directory / vocab_name).read_text(encoding="utf-8"))
+            lines = (directory / merges_name).read_text(encoding="utf-8").splitlines()
+            # the first line is "#version: 0.2"; each other line is one merge "a b", best first
+            merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+            bad = next((m for m in merges if len(m) != 2), None)
+            if bad is not None:
+                raise ValueError(f"{directory / merges_name}: a merge line must hold two tokens, got {' '.join(bad)!r}")
+            return vocab, merges
+    return None
+
+
+def build_byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]],
+                         specials: Iterable[str] = ("<|endoftext|>",)) -> tk.Tokenizer:
+    """GPT-2's pipeline: text -> UTF-8 bytes shown as printable characters (a space becomes "Ġ") ->
+    GPT-2's regex pre-split -> BPE merges in rank order; no [CLS]/[SEP] around the ids."""
+    backend = tk.Tokenizer(tk.models.BPE(vocab, merges, fuse_unk=False))
+    backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = tk.decoders.ByteLevel()
+    backend.post_processor = tk.processors.ByteLevel(trim_offsets=False)
+    backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in specials if t in vocab])
+    return backend
+
+
+def build_char_tokenizer(files: Iterable[str | Path], unk: str = "[UNK]") -> Tokenizer:
+    """One token per character seen in `files`, ids in sorted character order (nanoGPT's shakespeare_char
+    vocabulary), plus an unknown token at the end."""
+    chars: set[str] = set()
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                chars.update(line)
+    if not chars:
+        raise ValueError("character tokenizer: the input files hold no text")
+    vocab = {c: i for i, c in enumerate(sorted(chars))}
+    vocab[unk] = len(vocab)
+    backend = tk.Tokenizer(tk.models.WordLevel(vocab, unk_token=unk))
+    backend.pre_tokenizer = tk.pre_tokenizers.Split(tk.Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = tk.decoders.Fuse()
+    backend.add_special_tokens([tk.AddedToken(unk, special=True, normalized=False)])
+    return Tokenizer(backend, specials={"unk_token": unk}, model_max_length=DEFAULT_MAX_LENGTH, name="char")
+
+
+def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, lowercase: bool = True,
+                    min_frequency: int = 2, special_tokens: Sequence[str] | None = None,
+                    progress: bool = False) -> Tokenizer:
+    """Learn a vocabulary from text files with the `tokenizers` trainers.
+
+    kind="wordpiece": BERT normalisation and pre-splitting, "##" continuations, specials
+    [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4. kind="bpe": byte-level BPE like GPT-2 (every byte is in
+    the alphabet, so nothing is ever unknown), special <|endoftext|>. kind="char": one token per character.
+    Save the result with `.save(dir)`; `load_tokenizer(dir)` reads it back.
+    """
+    files = [str(f) for f in files]
+    if kind == "char":
+        return build_char_tokenizer(files)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size={vocab_size} must be positive")
+    if kind == "wordpiece":
+        specials = list(special_tokens or ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])  # BERT's ids 0-4
+        backend = build_wordpiece({t: i for i, t in enumerate(specials)}, lowercase=lowercase)
+        trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                               special_tokens=specials, continuing_subword_prefix="##",
+                                               show_progress=progress)
+    elif kind == "bpe":
+        specials = list(special_tokens or ["<|endoftext|>"])
+        backend = build_byte_level_bpe({}, [], specials=[])
+        trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
+                                         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+                                         show_progress=progress)
+    else:
+        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe or char")
+    backend.train(files, trainer)
+    if backend.get_vocab_size() <= len(specials):
+        raise ValueError(f"no text to learn a vocabulary from in {', '.join(files)}")
+    if kind == "wordpiece":  # rebuild so that the [CLS]/[SEP] template points at the learned ids
+        vocab = backend.get_vocab(with_added_tokens=False)
+        role = {t: r for r, t in BERT_SPECIALS.items()}
+        return Tokenizer(build_wordpiece(vocab, lowercase=lowercase), specials={role.get(t, t): t for t in specials
+                                                                                if t in role}, name="wordpiece")
+    eot = specials[0]
+    return Tokenizer(backend, specials={"bos_token": eot, "eos_token": eot, "unk_token": eot},
+                     model_max_length=1024, name="bpe")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,6 +432,8 @@ class Tokenizer:
             vocab = self.backend.get_vocab(with_added_tokens=False)
             tokens = sorted(vocab, key=vocab.get)
             (directory / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+        if isinstance(self.backend.model, tk.models.BPE):  # vocab.json + merges.txt, as GPT-2 ships them
+            self.backend.model.save(str(directory))
         normalizer = spec.get("normalizer") or {}
         if normalizer.get("type") == "BertNormalizer":  # so a vocab.txt-only reload behaves the same
             config.update(do_lower_case=normalizer["lowercase"], strip_accents=normalizer["strip_accents"],

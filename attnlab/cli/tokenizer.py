@@ -1,0 +1,47 @@
+"""Train a tokenizer on text files and write files `load_tokenizer` (and transformers) read back.
+
+  wordpiece  BERT: lower-cased, accents stripped, "##" sub-words; [PAD] [UNK] [CLS] [SEP] [MASK] = ids 0-4;
+             writes vocab.txt, tokenizer.json, tokenizer_config.json
+  bpe        GPT-2: byte-level BPE (never an unknown token), <|endoftext|>;
+             writes tokenizer.json, vocab.json, merges.txt, tokenizer_config.json
+  char       one token per character seen (nanoGPT's shakespeare_char); --vocab-size is ignored
+
+examples:
+  attnlab tokenizer train --kind wordpiece --vocab-size 8000 --output runs/tok-wp ../shared/data/gutenberg/*.txt
+  attnlab tokenizer train --kind char --output runs/tok-char ../shared/data/tiny_shakespeare/input.txt
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "tokenizer"
+HELP = "train a WordPiece, byte-level BPE or character tokenizer on text files"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    t = sub.add_parser("train", help="learn a vocabulary from FILES", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("files", nargs="+", type=Path, metavar="FILES", help="UTF-8 text files")
+    t.add_argument("--kind", choices=("wordpiece", "bpe", "char"), required=True)
+    t.add_argument("--vocab-size", type=int, default=30522, help="target vocabulary size (default 30522)")
+    t.add_argument("--output", type=Path, required=True, help="directory to write the tokenizer files into")
+    t.add_argument("--min-frequency", type=int, default=2, help="ignore pieces seen fewer times (default 2)")
+    t.add_argument("--cased", action="store_true", help="wordpiece: keep case and accents")
+    t.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tokenizers import train_tokenizer
+    for f in args.files:
+        if not f.is_file():
+            raise FileNotFoundError(f"{f}: no such file")
+    empty = [str(f) for f in args.files if f.stat().st_size == 0]
+    if len(empty) == len(args.files):
+        raise ValueError(f"all input files are empty: {', '.join(empty)}")
+    tok = train_tokenizer(args.kind, args.files, args.vocab_size, lowercase=not args.cased,
+                          min_frequency=args.min_frequency)
+    tok.save(args.output)
+    print(f"{args.kind} tokenizer with {tok.vocab_size} tokens written to {args.output}")
+    return 0

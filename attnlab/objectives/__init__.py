@@ -1,0 +1,73 @@
+"""Pretraining objectives: how examples are cut from token shards, batched, and scored.
+
+`build_objective(cfg, tokenizer, seq_len)` returns an `Objective` bundling the four pieces the data
+stream and the Trainer need:
+    examples(shards, rng)     one epoch of examples        (mlm.packed_blocks, nsp.pair_examples, clm.clm_windows)
+    collate(examples, rng)    a batch of tensors, masked   (mlm.mlm_collate, clm.clm_collate)
+    loss(model, batch)        (loss, sums for evaluation)  (mlm.mlm_loss, clm.clm_loss)
+    metrics(sums)             {"loss", "accuracy", ...}
+and the model wrapper to train: MaskedLM (mlm), PreTraining (mlm+nsp, mlm+sop), CausalLM (clm).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+KINDS = ("mlm", "mlm+nsp", "mlm+sop", "clm")
+
+
+@dataclass
+class ObjectiveConfig:
+    kind: str = "mlm"
+    mask_prob: float = 0.15          # share of tokens chosen for prediction
+    whole_word: bool = False         # choose whole words (all their WordPiece pieces) at once
+    sparse_prediction: bool = True   # run the MLM head on the chosen positions only
+    short_seq_prob: float = 0.1      # NSP/SOP: share of pairs built to a random shorter length
+    random_windows: bool = False     # CLM: windows at random offsets (nanoGPT) instead of a shuffled tiling
+
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"objective.kind={self.kind!r}: expected one of {', '.join(KINDS)}")
+        if not 0 < self.mask_prob < 1:
+            raise ValueError(f"objective.mask_prob={self.mask_prob}: must lie in (0, 1)")
+        if not 0 <= self.short_seq_prob <= 1:
+            raise ValueError(f"objective.short_seq_prob={self.short_seq_prob}: must lie in [0, 1]")
+
+
+@dataclass
+class Objective:
+    kind: str
+    examples: Callable
+    collate: Callable
+    loss: Callable
+    metrics: Callable
+    model_class: type
+
+
+def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
+    from ..heads import MaskedLM, PreTraining
+    from . import clm, mlm, nsp
+    cfg.validate()
+    if cfg.kind == "clm":
+        eot = next((tokenizer.backend.token_to_id(tokenizer.special_tokens[r]) for r in ("eos_token", "sep_token")
+                    if r in tokenizer.special_tokens), None)
+        windows = partial(clm.clm_windows, seq_len=seq_len, eot_id=eot, random_windows=cfg.random_windows)
+        return Objective(cfg.kind, lambda shards, rng: windows(shards, rng=rng), clm.clm_collate,
+                         clm.clm_loss, clm.clm_metrics, clm.CausalLM)
+    vocab = mlm.Vocab.from_tokenizer(tokenizer)
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if cls_id is None or sep_id is None:
+        raise ValueError(f"tokenizer {tokenizer.name}: masked LM needs [CLS]- and [SEP]-like tokens "
+                         "(cls_token, sep_token)")
+    collate = partial(mlm.mlm_collate, vocab=vocab, prob=cfg.mask_prob, whole_word=cfg.whole_word,
+                      pad_id=tokenizer.pad_token_id or 0, sparse=cfg.sparse_prediction)
+    if cfg.kind == "mlm":
+        examples = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
+        model_class = MaskedLM
+    else:
+        examples = partial(nsp.pair_examples, max_len=seq_len, cls_id=cls_id, sep_id=sep_id,
+                           task=cfg.kind.split("+")[1], short_seq_prob=cfg.short_seq_prob)
+        model_class = PreTraining
+    return Objective(cfg.kind, lambda shards, rng: examples(shards, rng=rng), lambda ex, rng: collate(ex, rng=rng),
+                     mlm.mlm_loss, mlm.mlm_metrics, model_class)

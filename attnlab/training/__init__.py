@@ -1,0 +1,6 @@
+"""Training: the `Trainer` loop (trainer.py), optimizer and schedules (optim.py), crash-safe
+checkpoints (checkpoint.py), and the `attnlab pretrain` recipe runner (pretrain.py)."""
+from .optim import build_optimizer, lr_factor, param_groups
+from .trainer import Trainer, TrainArgs, distributed_context
+
+__all__ = ["Trainer", "TrainArgs", "build_optimizer", "distributed_context", "lr_factor", "param_groups"]

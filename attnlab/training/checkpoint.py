@@ -1,0 +1,108 @@
+"""Training checkpoints that survive being killed at any moment.
+
+    OUTPUT/checkpoints/step-000100/
+        model/          config.json + model.safetensors in the Hugging Face layout (`attnlab.load` reads it)
+        trainer.pt      optimizer, scheduler, step, and per rank: RNG states and data position
+
+A checkpoint is assembled in a hidden temporary directory and renamed into place in one step, so a
+crash leaves either the previous checkpoints alone or a complete new one; temporaries are ignored
+and cleared by the next save. The newest `keep_last` checkpoints are kept.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+RAW_WEIGHTS = "attnlab_state.safetensors"  # our own names, for models no Hugging Face table describes
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_model(model, directory: Path) -> None:
+    """Hugging Face layout when the model's family and head are known, else our own tensor names."""
+    from ..interop.hf import FAMILIES, save_pretrained
+    family = FAMILIES.get(model.config.model_type)
+    if family is not None and model.hf_architecture in family.architectures:
+        save_pretrained(model, directory)
+        return
+    from safetensors.torch import save_file
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    seen: dict[int, str] = {}
+    for k in list(tensors):  # a tied matrix is stored once; load_state_dict re-ties it
+        ptr = tensors[k].data_ptr()
+        if ptr in seen:
+            del tensors[k]
+        else:
+            seen[ptr] = k
+    save_file(tensors, str(directory / RAW_WEIGHTS), metadata={"format": "pt"})
+    model.config.save(directory / "attnlab_config.json")
+
+
+def load_model_weights(model, directory: Path) -> None:
+    if (directory / RAW_WEIGHTS).exists():
+        from safetensors.torch import load_file
+        missing, unexpected = model.load_state_dict(load_file(str(directory / RAW_WEIGHTS)), strict=False)
+        tied = {k for k in missing if k.endswith("lm_head.weight") or k.endswith("mlm.decoder.weight")}
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"{directory}: checkpoint does not fit the model (missing {sorted(set(missing) - tied)}, "
+                             f"unexpected {unexpected})")
+        model.tie_weights()
+        return
+    from ..interop.hf import FAMILIES, load_hf_state_dict, read_state_dict
+    family = FAMILIES[model.config.model_type]
+    sd, source = read_state_dict(directory)
+    load_hf_state_dict(model, sd, family, family.architectures[model.hf_architecture][1], source)
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Finished checkpoints, oldest first."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name))
+             and (p / "trainer.pt").exists()]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(output_dir: Path, step: int, model, state: dict, keep_last: int) -> Path:
+    root = Path(output_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-step-*"):  # left by a run killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
+    save_model(model, tmp / "model")
+    torch.save(state, tmp / "trainer.pt")
+    with open(tmp / "trainer.pt", "rb") as fh:
+        os.fsync(fh.fileno())
+    if final.exists():  # the same step saved again (e.g. the final step after a resume)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    if keep_last > 0:
+        for old in list_checkpoints(output_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, model) -> dict:
+    """Load weights into `model` and return the trainer state (weights_only: no pickled code runs)."""
+    load_model_weights(model, path / "model")
+    return torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)

@@ -1,0 +1,47 @@
+"""AdamW with BERT's weight-decay exclusions, and the learning-rate schedules.
+
+Weight decay pulls weights towards zero; on a bias or a norm's scale/shift that only fights the
+normalisation, so (as in BERT's optimization.py and nanoGPT's configure_optimizers) parameters with
+fewer than 2 dimensions get no decay.
+
+Schedule: linear warmup from 0 to `lr` over `warmup_steps`, then linear or cosine decay to
+`min_lr_ratio * lr` at `max_steps` (or `constant`). For lr=1e-3, warmup 10, max 110, cosine:
+step 0 -> 0, step 5 -> 5e-4, step 10 -> 1e-3, step 60 -> 5e-4, step 110 -> 0.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+SCHEDULES = ("linear", "cosine", "constant")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for p in {id(p): p for p in model.parameters() if p.requires_grad}.values():  # tied weights once
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_factor(step: int, *, warmup_steps: int, max_steps: int, schedule: str = "linear",
+              min_lr_ratio: float = 0.0) -> float:
+    """Multiplier of the peak learning rate at `step` (0-based: the update about to be made)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if warmup_steps and step < warmup_steps:
+        return step / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    shape = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * shape
+
+
+def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                    warmup_steps: int, max_steps: int, schedule: str = "linear", min_lr_ratio: float = 0.0):
+    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
+        step, warmup_steps=warmup_steps, max_steps=max_steps, schedule=schedule, min_lr_ratio=min_lr_ratio))
+    return optimizer, scheduler

@@ -1,0 +1,205 @@
+"""`attnlab pretrain`: a YAML recipe -> dataclasses -> model + data + objective -> Trainer.
+
+A recipe has four sections; every key maps onto a dataclass field and an unknown key is an error
+that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
+
+    model:      preset: bert-mini        # any attnlab.config preset, then ModelConfig fields
+                max_position_embeddings: 128
+    data:       path: /work/runs/corpus  # a prepared corpus (attnlab prepare); built first if absent
+                files: [...]             #   from these files (globs; $ATTNLAB_DATA is expanded)
+                tokenizer: DIR | char    #   with this tokenizer (a directory, or "char" to build one)
+                seq_len: 128
+                batch_size: 32
+    objective:  kind: mlm+nsp            # see attnlab.objectives.ObjectiveConfig
+    train:      max_steps: 1000          # see attnlab.training.TrainArgs
+                output_dir: /work/runs/bert-mini
+
+Overrides on the command line use dotted keys: `train.lr=3e-4 data.batch_size=16` (values are YAML).
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import ConfigError, ModelConfig, preset
+from ..objectives import ObjectiveConfig, build_objective
+from .trainer import Trainer, TrainArgs, distributed_context
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    files: list[str] = field(default_factory=list)
+    tokenizer: str = ""
+    documents: str = "auto"          # see attnlab.data.corpus
+    raw: bool = False                # keep the text verbatim (character-level models)
+    heldout: float = 0.01
+    heldout_mode: str = "documents"
+    shard_tokens: int = 1_000_000
+    seq_len: int = 128
+    batch_size: int = 32             # micro-batch per process
+    eval_batches: int = 50
+    slices: int | None = None        # data slices; default: one per process
+
+
+@dataclass
+class PretrainConfig:
+    model: dict[str, Any] = field(default_factory=dict)
+    data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainArgs = field(default_factory=TrainArgs)
+
+
+def _typed(cls, values: dict, where: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in fields]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {where.split(':')[-1].strip() + '.' if ':' in where else ''}"
+                          f"{unknown[0]!r}; known keys: {', '.join(fields)}")
+    out = cls(**values)
+    for name, f in fields.items():  # YAML reads 3e-4 as a string and 5 as an int: coerce to the field type
+        v = getattr(out, name)
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if kind == "float" and isinstance(v, (int, str)) and not isinstance(v, bool):
+            try:
+                setattr(out, name, float(v))
+            except ValueError:
+                raise ConfigError(f"{where}: {name}={v!r} is not a number") from None
+        elif kind == "int" and isinstance(v, (str, float)) and float(v).is_integer():
+            setattr(out, name, int(float(v)))
+    return out
+
+
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {k} is not a section")
+    node[keys[-1]] = value
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> PretrainConfig:
+    tree: dict = {}
+    source = str(path) if path else "config"
+    if path:
+        try:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such config file") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=3e-4")
+        key, value = item.split("=", 1)
+        set_dotted(tree, key.strip(), yaml.safe_load(value))
+    sections = {f.name for f in dataclasses.fields(PretrainConfig)}
+    unknown = [k for k in tree if k not in sections]
+    if unknown:
+        raise ConfigError(f"{source}: unknown section {unknown[0]!r}; sections: {', '.join(sorted(sections))}")
+    return PretrainConfig(model=dict(tree.get("model") or {}),
+                          data=_typed(DataConfig, tree.get("data") or {}, f"{source}: data"),
+                          objective=_typed(ObjectiveConfig, tree.get("objective") or {}, f"{source}: objective"),
+                          train=_typed(TrainArgs, tree.get("train") or {}, f"{source}: train"))
+
+
+def _expand(pattern: str) -> list[str]:
+    pattern = os.path.expandvars(os.path.expanduser(pattern.replace("${ATTNLAB_DATA}", _data_root())))
+    found = sorted(glob.glob(pattern))
+    if not found:
+        raise FileNotFoundError(f"data.files: {pattern} matches no file")
+    return found
+
+
+def _data_root() -> str:
+    return os.environ.get("ATTNLAB_DATA", str(Path(__file__).resolve().parents[2].parent / "shared" / "data"))
+
+
+def ensure_corpus(cfg: DataConfig, progress: bool = True) -> Path:
+    """The prepared corpus directory, preparing it first from data.files when it does not exist yet."""
+    from ..data.shards import prepare_corpus
+    from ..tokenizers import load_tokenizer
+    if not cfg.path:
+        raise ConfigError("data.path is required: the directory of a prepared corpus (attnlab prepare --output)")
+    path = Path(os.path.expandvars(cfg.path))
+    if (path / "meta.json").exists():
+        return path
+    if not cfg.files or not cfg.tokenizer:
+        raise FileNotFoundError(f"{path}: not a prepared corpus (no meta.json), and data.files / data.tokenizer "
+                                "are not set to prepare one")
+    files = [f for pattern in cfg.files for f in _expand(pattern)]
+    if cfg.tokenizer == "char":
+        from ..tokenizers import build_char_tokenizer
+        tokenizer = build_char_tokenizer(files)
+    else:
+        tokenizer = load_tokenizer(os.path.expandvars(cfg.tokenizer.replace("${ATTNLAB_DATA}", _data_root())))
+    prepare_corpus(tokenizer, files, path, documents=cfg.documents, raw=cfg.raw, heldout=cfg.heldout,
+                   heldout_mode=cfg.heldout_mode, shard_tokens=cfg.shard_tokens, progress=progress,
+                   tokenizer_source=cfg.tokenizer)
+    return path
+
+
+def build_model_config(model: dict, tokenizer, seq_len: int) -> ModelConfig:
+    values = dict(model)
+    name = values.pop("preset", None)
+    values.setdefault("vocab_size", tokenizer.vocab_size)
+    values.setdefault("pad_token_id", tokenizer.pad_token_id)
+    cfg = preset(name, **values) if name else ModelConfig.from_dict(values, source="model")
+    if cfg.vocab_size < tokenizer.vocab_size:
+        raise ConfigError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}")
+    if cfg.position == "learned" and cfg.max_position_embeddings < seq_len:
+        raise ConfigError(f"model.max_position_embeddings={cfg.max_position_embeddings} < data.seq_len={seq_len}")
+    return cfg
+
+
+def pretrain(cfg: PretrainConfig) -> dict[str, float]:
+    """Run (or resume, with train.resume=true) the recipe; returns the final evaluation metrics."""
+    import torch
+
+    from ..data.shards import open_shards
+    from ..data.stream import BatchStream, fixed_batches
+    from ..tokenizers import load_tokenizer
+    rank, world, _ = distributed_context()
+    if rank == 0:
+        ensure_corpus(cfg.data, progress=cfg.train.progress)
+    if world > 1:
+        torch.distributed.barrier()
+    corpus = ensure_corpus(cfg.data) if rank else Path(os.path.expandvars(cfg.data.path))
+    tokenizer = load_tokenizer(corpus / "tokenizer")
+    objective = build_objective(cfg.objective, tokenizer, cfg.data.seq_len)
+    model_cfg = build_model_config(cfg.model, tokenizer, cfg.data.seq_len)
+    if objective.kind == "clm" and not model_cfg.causal:
+        raise ConfigError("objective.kind=clm needs a causal model (model.causal: true)")
+    if objective.kind != "clm" and model_cfg.causal:
+        raise ConfigError(f"objective.kind={objective.kind} needs a bidirectional model (model.causal: false)")
+    torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank and every run
+    model = objective.model_class(model_cfg)
+
+    slices = cfg.data.slices or world
+    if slices % world:
+        raise ConfigError(f"data.slices={slices} must be a multiple of the number of processes ({world})")
+    train = BatchStream(open_shards(corpus, "train"), objective.examples, objective.collate, cfg.data.batch_size,
+                        seed=cfg.train.seed, num_slices=slices, owned=list(range(rank, slices, world)))
+    heldout = open_shards(corpus, "heldout")
+    eval_data = fixed_batches(heldout, objective.examples, objective.collate, cfg.data.batch_size,
+                              seed=cfg.train.seed, max_batches=cfg.data.eval_batches) if heldout else None
+    if rank == 0:
+        Path(cfg.train.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.train.output_dir) / "config.yaml").write_text(yaml.safe_dump(
+            {"model": cfg.model, "data": dataclasses.asdict(cfg.data),
+             "objective": dataclasses.asdict(cfg.objective), "train": dataclasses.asdict(cfg.train)},
+            sort_keys=False))
+        tokenizer.save(Path(cfg.train.output_dir) / "tokenizer")
+    trainer = Trainer(model, cfg.train, train, loss_fn=objective.loss, eval_data=eval_data,
+                      metrics_fn=objective.metrics)
+    return trainer.train()

@@ -1,0 +1,307 @@
+"""The training loop: plain PyTorch you can read top to bottom.
+
+    from attnlab.training import Trainer, TrainArgs
+    trainer = Trainer(model, TrainArgs(output_dir="runs/x", max_steps=1000, lr=3e-4),
+                      train_data=batches,             # any iterable of dicts of tensors (re-iterated per epoch)
+                      loss_fn=my_loss,                # (model, batch) -> loss, or (loss, sums); default: model(**batch).loss
+                      eval_data=eval_batches,         # optional list/iterable of batches
+                      metrics_fn=my_metrics)          # optional: summed eval `sums` -> {"accuracy": ...}
+    trainer.train()                                   # returns the last evaluation's metrics
+
+What one optimizer step does: `grad_accum` micro-batches, each forward under autocast (bf16 when
+asked) and backward of loss / grad_accum; clip the global gradient norm; AdamW step; scheduler step.
+Every `log_every` steps a line goes to OUTPUT/metrics.jsonl ({"step", "loss", "lr", "tokens_per_s",
+"elapsed_s"}); every `eval_every` steps the held-out batches are scored (keys "eval_*").
+
+Exact resume: a checkpoint holds weights, optimizer, scheduler, step, RNG states and the data position
+(`train_data.state_dict()` when the iterable has one, else the number of batches consumed, which are
+skipped on resume). Under `torchrun` the model is wrapped in DistributedDataParallel (gloo on CPU,
+nccl on CUDA); each rank brings its own data (see attnlab.data.stream.BatchStream).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from .optim import SCHEDULES, build_optimizer
+
+
+@dataclass
+class TrainArgs:
+    output_dir: str = "runs/run"
+    max_steps: int = 1000
+    grad_accum: int = 1                # micro-batches per optimizer step (per process)
+    lr: float = 1e-4
+    min_lr_ratio: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "linear"           # linear | cosine | constant
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    clip_norm: float = 1.0             # 0 = no clipping
+    precision: str = "fp32"            # fp32 | bf16 (autocast; weights and optimizer stay fp32)
+    eval_every: int = 0                # 0 = only after the last step
+    save_every: int = 0                # 0 = only after the last step
+    keep_last: int = 2
+    log_every: int = 10
+    seed: int = 0
+    resume: bool = False
+    progress: bool = True
+    device: str = "auto"               # auto | cpu | cuda
+
+    def validate(self) -> None:
+        def positive(name):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
+        for name in ("max_steps", "grad_accum", "lr", "log_every"):
+            positive(name)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule={self.schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"train.precision={self.precision!r}: expected fp32 or bf16")
+        if self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} must not be negative")
+
+
+def distributed_context() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank); initialises the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+    return 0, 1, 0
+
+
+def default_loss(model, batch: dict) -> torch.Tensor:
+    return model(**batch).loss
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, args: TrainArgs, train_data: Iterable, *,
+                 loss_fn: Callable | None = None, eval_data: Iterable | None = None,
+                 metrics_fn: Callable[[dict], dict] | None = None,
+                 count_tokens: Callable[[dict], int] | None = None) -> None:
+        args.validate()
+        self.args, self.train_data, self.eval_data = args, train_data, eval_data
+        self.loss_fn, self.metrics_fn = loss_fn or default_loss, metrics_fn
+        self.count_tokens = count_tokens or _count_tokens
+        self.rank, self.world, local_rank = distributed_context()
+        cuda = torch.cuda.is_available() and args.device != "cpu"
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("train.device=cuda but no CUDA device is available")
+        self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        self.output = Path(args.output_dir)
+        torch.manual_seed(args.seed)
+        self.model = model.to(self.device)
+        self.ddp = None
+        if self.world > 1:
+            self.ddp = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if cuda else None)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model, lr=args.lr, weight_decay=args.weight_decay, betas=(args.beta1, args.beta2), eps=args.eps,
+            warmup_steps=args.warmup_steps, max_steps=args.max_steps, schedule=args.schedule,
+            min_lr_ratio=args.min_lr_ratio)
+        self.step = 0
+        self.batches_seen = 0
+        self.last_eval: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------ helpers
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _autocast(self):
+        if self.args.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _log(self, record: dict) -> None:
+        if self.is_main:
+            with open(self.output / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def _batches(self):
+        """Micro-batches forever: a finite dataset is simply iterated again (the next epoch)."""
+        while True:
+            empty = True
+            for batch in self.train_data:
+                empty = False
+                yield batch
+            if empty:
+                raise ValueError("train_data produced no batches")
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def _call_loss(self, model, batch) -> tuple[torch.Tensor, dict]:
+        result = self.loss_fn(model, batch)
+        if isinstance(result, tuple):
+            return result
+        return result, {"loss_sum": result.detach(), "n": torch.tensor(1.0)}
+
+    def _mean_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t) / self.world
+
+    # ------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        data = self.train_data.state_dict() if hasattr(self.train_data, "state_dict") else {"batches": self.batches_seen}
+        mine = {"data": data, "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None}
+        ranks = [None] * self.world
+        if self.world > 1:
+            dist.all_gather_object(ranks, mine)
+        else:
+            ranks = [mine]
+        return {"step": self.step, "batches_seen": self.batches_seen, "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "ranks": ranks, "world_size": self.world,
+                "args": asdict(self.args)}
+
+    def save(self) -> Path | None:
+        state = self.state_dict()  # a collective under DDP: every rank takes part
+        path = None
+        if self.is_main:
+            path = save_checkpoint(self.output, self.step, self.model, state, self.args.keep_last)
+        if self.world > 1:
+            dist.barrier()
+        return path
+
+    def resume(self, path: Path | None = None) -> bool:
+        found = list_checkpoints(self.output)
+        path = path or (found[-1] if found else None)
+        if path is None:
+            return False
+        state = load_checkpoint(path, self.model)
+        if state["world_size"] != self.world:
+            raise ValueError(f"{path}: saved with {state['world_size']} processes, resuming with {self.world}; "
+                             "an exact resume needs the same number")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.batches_seen = state["step"], state["batches_seen"]
+        mine = state["ranks"][self.rank]
+        torch.set_rng_state(mine["torch_rng"])
+        if mine["cuda_rng"] is not None:
+            torch.cuda.set_rng_state(mine["cuda_rng"], self.device)
+        if hasattr(self.train_data, "load_state_dict"):
+            self.train_data.load_state_dict(mine["data"])
+        if self.is_main and (self.output / "metrics.jsonl").exists():  # drop lines logged after the checkpoint
+            lines = (self.output / "metrics.jsonl").read_text().splitlines()
+            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= self.step]
+            (self.output / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+        return True
+
+    # ------------------------------------------------------------------------------------ loops
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        if self.eval_data is None:
+            return {}
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        for i, batch in enumerate(self.eval_data):
+            if i % self.world != self.rank:
+                continue
+            with self._autocast():
+                _, part = self._call_loss(self.model, self._to_device(batch))
+            for k, v in part.items():
+                sums[k] = sums.get(k, 0) + torch.as_tensor(v, dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            keys = sorted(sums)
+            flat = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, dtype=torch.float64)
+            dist.all_reduce(flat)
+            sums = dict(zip(keys, flat))
+        self.model.train()
+        if not sums:
+            return {}
+        totals = {k: float(v) for k, v in sums.items()}
+        metrics = self.metrics_fn(totals) if self.metrics_fn else {"loss": totals["loss_sum"] / max(totals["n"], 1)}
+        self.last_eval = {f"eval_{k}": v for k, v in metrics.items()}
+        return self.last_eval
+
+    def train(self, until: int | None = None) -> dict[str, float]:
+        """Train to args.max_steps, or stop early after step `until` with a checkpoint (a later
+        `resume` continues exactly: the schedule still runs to max_steps)."""
+        args = self.args
+        stop = min(until or args.max_steps, args.max_steps)
+        if self.is_main:
+            self.output.mkdir(parents=True, exist_ok=True)
+        if self.world > 1:
+            dist.barrier()
+        if args.resume and self.resume() and self.is_main:
+            print(f"resumed from step {self.step}", file=sys.stderr)
+        skip = 0 if hasattr(self.train_data, "load_state_dict") else self.batches_seen
+        batches = self._batches()
+        for _ in range(skip):  # a plain iterable has no position to restore: replay it
+            next(batches)
+        forward = self.ddp or self.model
+        self.model.train()
+        from tqdm import tqdm
+        bar = tqdm(total=args.max_steps, initial=self.step, disable=not (args.progress and self.is_main),
+                   desc="train", dynamic_ncols=True, file=sys.stderr)
+        start, tokens_since, t_log = time.perf_counter(), 0, time.perf_counter()
+        while self.step < stop:
+            loss_sum = 0.0
+            for micro in range(args.grad_accum):
+                batch = self._to_device(next(batches))
+                self.batches_seen += 1
+                tokens_since += self.count_tokens(batch)
+                # skip the gradient all-reduce on all but the last micro-batch of the step
+                sync = self.ddp.no_sync() if self.ddp is not None and micro < args.grad_accum - 1 \
+                    else contextlib.nullcontext()
+                with sync:
+                    with self._autocast():
+                        loss, _ = self._call_loss(forward, batch)
+                    (loss / args.grad_accum).backward()
+                loss_sum += float(loss.detach())
+            if args.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm)
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+
+            loss_value = self._mean_over_ranks(loss_sum / args.grad_accum)
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"loss became {loss_value} at step {self.step}; lower train.lr or "
+                                         "check the data")
+            bar.update(1)
+            if self.step % args.log_every == 0 or self.step == args.max_steps:
+                now = time.perf_counter()
+                tps = self._mean_over_ranks(tokens_since / max(now - t_log, 1e-9)) * self.world
+                tokens_since, t_log = 0, now
+                record = {"step": self.step, "loss": round(loss_value, 6), "lr": lr,
+                          "tokens_per_s": round(tps, 1), "elapsed_s": round(now - start, 2)}
+                self._log(record)
+                bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tps:,.0f}")
+            if (args.eval_every and self.step % args.eval_every == 0) or self.step == args.max_steps:
+                metrics = self.evaluate()
+                if metrics:
+                    self._log({"step": self.step, **{k: round(v, 6) for k, v in metrics.items()}})
+                    bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+            if (args.save_every and self.step % args.save_every == 0) or self.step == stop:
+                self.save()
+        bar.close()
+        return self.last_eval
+
+
+def _count_tokens(batch: dict) -> int:
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    ids = batch.get("input_ids")
+    return int(ids.numel()) if ids is not None else 0

@@ -1,0 +1,231 @@
+"""The Trainer: exact resume, crash-safe checkpoints, DDP == accumulation, schedules, configs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.config import ConfigError
+from attnlab.data import open_shards, prepare_corpus
+from attnlab.data.stream import BatchStream, fixed_batches
+from attnlab.heads import MaskedLM
+from attnlab.objectives import ObjectiveConfig, build_objective
+from attnlab.tokenizers import load_tokenizer, train_tokenizer
+from attnlab.training import Trainer, TrainArgs, lr_factor, param_groups
+from attnlab.training import checkpoint as ckpt
+from attnlab.training.pretrain import build_model_config, load_config
+
+from _pretrain_utils import one_thread, sample_text, tiny_bert, tiny_gpt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def corpus(data_dir: Path, tmp_path_factory) -> Path:
+    """~12k tokens of six books with an 800-piece WordPiece vocab, in 4+ shards (2 data slices)."""
+    root = tmp_path_factory.mktemp("trainer")
+    text = sample_text(data_dir, root / "text", chars_per_book=8000)
+    files = sorted(text.iterdir())
+    tok = train_tokenizer("wordpiece", files, 800)
+    prepare_corpus(tok, files, root / "corpus", heldout=0.2, shard_tokens=3000, progress=False)
+    return root / "corpus"
+
+
+def _setup(corpus: Path, out: Path, kind: str = "mlm", slices: int = 1, **train):
+    tok = load_tokenizer(corpus / "tokenizer")
+    obj = build_objective(ObjectiveConfig(kind=kind), tok, 32)
+    torch.manual_seed(0)
+    make = tiny_gpt if kind == "clm" else tiny_bert
+    model = obj.model_class(make(tok.vocab_size, dropout=0.1, attention_dropout=0.1))
+    stream = BatchStream(open_shards(corpus), obj.examples, obj.collate, 4, seed=1, num_slices=slices)
+    evals = fixed_batches(open_shards(corpus, "heldout"), obj.examples, obj.collate, 4, max_batches=2)
+    args = TrainArgs(output_dir=str(out), max_steps=20, lr=2e-3, warmup_steps=5, schedule="cosine",
+                     grad_accum=2, log_every=1, eval_every=10, progress=False, **train)
+    return Trainer(model, args, stream, loss_fn=obj.loss, eval_data=evals, metrics_fn=obj.metrics)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+@pytest.mark.parametrize("kind", ["mlm", "clm"])
+def test_resume_is_exact(corpus, tmp_path, kind):
+    straight = _setup(corpus, tmp_path / "a", kind)
+    straight.train()
+    first = _setup(corpus, tmp_path / "b", kind)
+    first.train(until=10)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "b")] == ["step-000010"]
+    second = _setup(corpus, tmp_path / "b", kind, resume=True)  # fresh objects, as a new process would have
+    second.train()
+    assert second.step == 20
+    for (name, p), q in zip(straight.model.named_parameters(), second.model.parameters()):
+        assert torch.equal(p, q), name  # identical, not merely close: dropout RNG and data position restored
+    assert _losses(tmp_path / "a") == _losses(tmp_path / "b")
+    assert sorted(_losses(tmp_path / "b")) == list(range(1, 21))  # no step logged twice
+    # the checkpoint is a normal model directory
+    if kind == "mlm":
+        loaded = attnlab.load(tmp_path / "b" / "checkpoints" / "step-000020" / "model")
+        assert isinstance(loaded, MaskedLM)
+        assert torch.equal(loaded.backbone.embeddings.tok.weight, second.model.backbone.embeddings.tok.weight)
+
+
+def test_crash_while_saving_keeps_previous_checkpoint(corpus, tmp_path, monkeypatch):
+    trainer = _setup(corpus, tmp_path, keep_last=2)
+    trainer.train(until=5)
+    real_save = torch.save
+
+    def dying_save(obj, path, *a, **k):  # the model is written, the trainer state is not
+        real_save(obj, path, *a, **k)
+        raise KeyboardInterrupt("killed mid-checkpoint")
+
+    monkeypatch.setattr(ckpt.torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(until=8)
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    root = tmp_path / "checkpoints"
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-000005"]
+    assert any(p.name.startswith(".tmp-step-000008") for p in root.iterdir())  # the half-written one
+    again = _setup(corpus, tmp_path, resume=True, keep_last=2)
+    again.train(until=12)
+    assert again.step == 12
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-000005", "step-000012"]
+    assert not any(p.name.startswith(".tmp") for p in root.iterdir())  # cleaned by the next save
+
+
+def test_sigkill_during_checkpoints_leaves_a_loadable_one(corpus, tmp_path):
+    script = f"""
+import sys, torch; sys.path.insert(0, {str(REPO / 'tests')!r})
+torch.set_num_threads(1)
+from test_trainer import _setup
+from pathlib import Path
+t = _setup(Path({str(corpus)!r}), Path({str(tmp_path)!r}), save_every=1, keep_last=2)
+t.args.max_steps = 10_000
+t.train()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while len(ckpt.list_checkpoints(tmp_path)) < 2 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.37)  # somewhere inside a later save, most likely
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    found = ckpt.list_checkpoints(tmp_path)
+    assert found
+    model = _setup(corpus, tmp_path / "x").model
+    state = ckpt.load_checkpoint(found[-1], model)
+    assert state["step"] == int(found[-1].name.split("-")[1])
+
+
+def test_two_processes_match_one_with_double_accumulation(corpus, tmp_path):
+    config = tmp_path / "ddp.yaml"
+    common = [f"data.path={corpus}", "data.seq_len=32", "data.batch_size=4", "data.eval_batches=2",
+              "model.preset=bert-tiny", "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
+              "model.max_position_embeddings=32", "model.dropout=0.0", "model.attention_dropout=0.0",
+              "train.max_steps=6", "train.lr=3e-3", "train.log_every=1", "train.eval_every=3", "train.progress=false"]
+    config.write_text("objective: {kind: mlm+nsp}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "attnlab",
+           "pretrain", "--config", str(config), *common, f"train.output_dir={tmp_path / 'ddp'}", "train.grad_accum=1"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from attnlab.training.pretrain import pretrain
+    pretrain(load_config(config, common + [f"train.output_dir={tmp_path / 'one'}", "train.grad_accum=2",
+                                           "data.slices=2"]))
+    two, one = _losses(tmp_path / "ddp"), _losses(tmp_path / "one")
+    assert sorted(two) == sorted(one) == list(range(1, 7))
+    for step in one:
+        assert abs(two[step] - one[step]) < 1e-4, (step, two[step], one[step])
+    assert len(set(one.values())) > 1  # the loss moved: the comparison is not vacuous
+    evals = [[json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+              if "eval_loss" in x] for d in ("ddp", "one")]
+    assert len(evals[0]) == len(evals[1]) == 2
+    for a, b in zip(*evals):
+        assert abs(a["eval_loss"] - b["eval_loss"]) < 1e-4
+
+
+def test_schedule_and_weight_decay_groups():
+    kw = dict(warmup_steps=10, max_steps=110)
+    assert lr_factor(0, **kw) == 0 and lr_factor(5, **kw) == 0.5 and lr_factor(10, **kw) == 1.0
+    assert abs(lr_factor(60, schedule="cosine", **kw) - 0.5) < 1e-12 and lr_factor(110, schedule="cosine", **kw) == 0
+    assert abs(lr_factor(60, schedule="linear", **kw) - 0.5) < 1e-12
+    assert abs(lr_factor(110, schedule="cosine", min_lr_ratio=0.1, **kw) - 0.1) < 1e-12
+    assert lr_factor(50, schedule="constant", **kw) == 1.0
+    model = MaskedLM(tiny_bert(100))
+    decay, no_decay = param_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.dim() >= 2 for p in decay["params"]) and no_decay["weight_decay"] == 0
+    assert {names[id(p)] for p in no_decay["params"]} >= {"backbone.embeddings.norm.weight", "mlm.bias",
+                                                          "backbone.layers.0.attn.q.bias"}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))  # tied counted once
+
+
+def test_bf16_autocast_trains(corpus, tmp_path):
+    trainer = _setup(corpus, tmp_path, precision="bf16")
+    trainer.args.max_steps = 4
+    metrics = trainer.train()
+    assert torch.isfinite(torch.tensor(metrics["eval_loss"]))
+    assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay fp32
+
+
+def test_trainer_takes_any_batches_and_default_loss(tmp_path):
+    """Fine-tuning style: a model whose forward returns .loss and a plain list of batches."""
+    torch.manual_seed(0)
+    model = MaskedLM(tiny_bert(50, dropout=0.0, attention_dropout=0.0))
+    ids = torch.randint(5, 50, (4, 8))
+    batches = [{"input_ids": ids, "labels": ids}] * 3
+    args = TrainArgs(output_dir=str(tmp_path), max_steps=30, lr=1e-2, log_every=5, progress=False)
+    Trainer(model, args, batches, eval_data=batches[:1]).train()
+    losses = _losses(tmp_path)
+    assert losses[30] < losses[5] / 2
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {"step", "loss", "lr", "tokens_per_s", "elapsed_s"} <= set(rows[0]) and "eval_loss" in rows[-1]
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="'lrr'"):
+        load_config(None, ["train.lrr=1"])
+    with pytest.raises(ConfigError, match="unknown section 'optim'"):
+        load_config(None, ["optim.lr=1"])
+    bad = tmp_path / "x.yaml"
+    bad.write_text("data: {seq_len: 64, batchsize: 3}\n")
+    with pytest.raises(ConfigError, match="x.yaml.*'batchsize'"):
+        load_config(bad)
+    cfg = load_config(None, ["train.lr=3e-4", "train.max_steps=7"])
+    assert cfg.train.lr == 3e-4 and cfg.train.max_steps == 7
+    with pytest.raises(ValueError, match="train.precision"):
+        TrainArgs(precision="fp8").validate()
+
+
+@pytest.mark.parametrize("name", ["pretrain-bert-mini", "pretrain-gpt-mini", "pretrain-gpt-shakespeare-char"])
+def test_shipped_configs_build(name, data_dir):
+    cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    tok = load_tokenizer(data_dir / "vocab" / ("gpt2" if "gpt-mini" in name else "bert-base-uncased")) \
+        if cfg.data.tokenizer != "char" else attnlab.tokenizers.build_char_tokenizer(
+            [data_dir / "tiny_shakespeare" / "input.txt"])
+    model_cfg = build_model_config(cfg.model, tok, cfg.data.seq_len)
+    obj = build_objective(cfg.objective, tok, cfg.data.seq_len)
+    assert model_cfg.causal == (obj.kind == "clm") and model_cfg.vocab_size == tok.vocab_size
+    if name == "pretrain-bert-mini":
+        assert (model_cfg.num_layers, model_cfg.hidden_size, obj.kind) == (4, 256, "mlm+nsp")
+    if name == "pretrain-gpt-shakespeare-char":
+        assert (model_cfg.num_layers, model_cfg.num_heads, model_cfg.hidden_size, cfg.data.seq_len,
+                cfg.data.batch_size, cfg.train.max_steps, model_cfg.dropout) == (4, 4, 128, 64, 12, 2000, 0.0)
