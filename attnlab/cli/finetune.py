@@ -21,8 +21,9 @@ HELP = "fine-tune on a task (GLUE, CoNLL-2003, SQuAD); writes the model and metr
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..tasks import TASK_NAMES
-    p.add_argument("task", metavar="TASK", choices=TASK_NAMES, help=", ".join(TASK_NAMES))
-    p.add_argument("--model", required=True, help="pretrained model directory or packaged name (e.g. minilm)")
+    p.add_argument("task", metavar="TASK", choices=(*TASK_NAMES, "translation"), help=", ".join((*TASK_NAMES, "translation")))
+    p.add_argument("--model", help="pretrained model directory or packaged name (e.g. minilm); for translation a "
+                                    "preset to train from scratch (default transformer-base) or a model directory")
     p.add_argument("--output", required=True, help="directory for the fine-tuned model and metrics")
     p.add_argument("--train", help="training file (default: the task's file under ATTNLAB_DATA; "
                                    "several files may be joined with commas)")
@@ -39,14 +40,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-embeddings", action="store_true",
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    t = p.add_argument_group("translation (attnlab.tasks.translation)")
+    t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
+    t.add_argument("--tgt-lang", help="target language code, e.g. de")
+    for name in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
+        t.add_argument(f"--{name}", help="parallel text file, one sentence per line")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a preset field (JSON value), e.g. --set hidden_size=256 --set extra.num_decoder_layers=3")
+    t.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary size (default 8000)")
+    t.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
+    t.add_argument("--max-minutes", type=float, help="stop training after this many minutes")
+    t.add_argument("--warmup", type=int, help="warmup steps of the inverse square-root schedule (preset default)")
+    t.add_argument("--lr-factor", type=float, default=1.0, help="multiplies the schedule (default 1.0)")
+    t.add_argument("--eval-beams", type=int, default=1, help="beams when validating (default 1: greedy)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task == "translation":
+        return _translation(args)
+    if not args.model:
+        raise ValueError(f"finetune {args.task}: --model is required")
     from ..tasks.finetune import finetune
     summary = finetune(args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
                        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                        freeze_embeddings=not args.train_embeddings, progress=args.progress)
+    print(json.dumps(summary))
+    return 0
+
+
+def _translation(args: argparse.Namespace) -> int:
+    from ..tasks.translation import finetune_translation
+    missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
+    if missing:
+        raise ValueError(f"finetune translation: {', '.join(missing)} required")
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    summary = finetune_translation(args.train_src, args.train_tgt, args.valid_src, args.valid_tgt, args.output,
+                                   src_lang=args.src_lang or "src", tgt_lang=args.tgt_lang or "tgt",
+                                   model=args.model or "transformer-base", overrides=overrides,
+                                   vocab_size=args.vocab_size, max_tokens=args.max_tokens,
+                                   max_length=args.max_length or 128, epochs=args.epochs or 30.0,
+                                   max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
+                                   eval_every=args.eval_every, eval_beams=args.eval_beams, seed=args.seed,
+                                   max_eval_sentences=args.max_eval_samples)
     print(json.dumps(summary))
     return 0
