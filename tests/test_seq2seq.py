@@ -133,3 +133,14 @@ def test_native_save_load_and_generation(tmp_path):
     finished = (greedy == back.config.eos_token_id).cumsum(1).roll(1, 1).clamp(max=1).bool()
     finished[:, 0] = False
     assert torch.equal(greedy[~finished], seq[~finished])
+
+
+def test_viz_cross_attention_page(tmp_path):
+    from attnlab.viz.attention import extract_seq2seq
+    from attnlab.viz.page import render_page
+    model = tiny("t5-small")
+    src, tgt = torch.tensor([[5, 6, 7, 1]]), torch.tensor([[0, 9, 10]])
+    data = extract_seq2seq(model, src, tgt, ["a", "b", "c", "</s>"], ["<pad>", "x", "y"])
+    assert data.causal and len(data.cross) == 3 and data.cross[0].shape == (4, 3, 4)
+    assert torch.allclose(data.cross[1].sum(-1), torch.ones(4, 3))
+    assert "source_tokens" in render_page(data) or "cross" in render_page(data)

@@ -223,3 +223,25 @@ def neuron_softmax(data: AttentionData, layer: int) -> torch.Tensor:
     if layer in data.allowed:
         scores = scores.masked_fill(~data.allowed[layer].bool(), float("-inf"))
     return scores.softmax(-1)
+
+
+@torch.no_grad()
+def extract_seq2seq(model: torch.nn.Module, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor,
+                    source_tokens: Sequence[str], target_tokens: Sequence[str], *, title: str = "") -> AttentionData:
+    """An encoder-decoder (`attnlab.models.seq2seq.Seq2SeqLM`) on one sentence pair: the decoder's causal
+    self-attention as `layers` and its cross-attention over the source as `cross` (Vaswani et al. 2017,
+    §3.2.3: queries from the decoder, keys/values from the encoder output). No neuron view."""
+    input_ids, decoder_input_ids = torch.as_tensor(input_ids).reshape(1, -1), torch.as_tensor(decoder_input_ids).reshape(1, -1)
+    if input_ids.size(1) != len(source_tokens) or decoder_input_ids.size(1) != len(target_tokens):
+        raise ValueError(f"{input_ids.size(1)} source ids for {len(source_tokens)} tokens, "
+                         f"{decoder_input_ids.size(1)} target ids for {len(target_tokens)} tokens")
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        out = model(input_ids=input_ids.to(device), decoder_input_ids=decoder_input_ids.to(device),
+                    output_attentions=True)
+    finally:
+        model.train(was_training)
+    return AttentionData(tokens=list(target_tokens), layers=[w[0] for w in out.attentions], causal=True,
+                         cross=[w[0] for w in out.cross_attentions], source_tokens=list(source_tokens), title=title)
