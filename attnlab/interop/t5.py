@@ -51,7 +51,8 @@ def t5_config_to_hf(cfg: ModelConfig) -> dict:
 
 def _stack(ours: str, theirs: str, cross: bool) -> list[Row]:
     ffn = 2 if cross else 1  # the decoder's FFN is its third sublayer, after the cross-attention
-    rows: list[Row] = [(f"{ours}.relative_bias.embedding", f"{theirs}.block.0.layer.0.SelfAttention.relative_attention_bias")]
+    rows: list[Row] = [(f"{ours}.relative_bias.embedding",
+                        f"{theirs}.block.0.layer.0.SelfAttention.relative_attention_bias")]
     rows += [(f"{ours}.layers.{{i}}.attn.{p}", f"{theirs}.block.{{i}}.layer.0.SelfAttention.{p}") for p in "qkvo"]
     rows.append((f"{ours}.layers.{{i}}.attn_norm", f"{theirs}.block.{{i}}.layer.0.layer_norm"))
     if cross:

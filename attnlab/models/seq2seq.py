@@ -60,7 +60,8 @@ class DecoderStack(Encoder):
         self.init_weights()
 
     def forward(self, input_ids: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, past_key_values=None, cross_cache: CrossKVCache | None = None,
+                attention_mask: torch.Tensor | None = None, past_key_values=None,
+                cross_cache: CrossKVCache | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False) -> ModelOutput:
         """input_ids (B, T) target prefix; memory (B, S, d); memory_mask (B, S) 1 = real source token;
         attention_mask (B, past + T) target padding. With `past_key_values` only the new tokens are given."""
@@ -183,7 +184,8 @@ class Seq2SeqLM(Model):
                 raise ValueError("pass input_ids (the source) or encoder_outputs")
             encoder_outputs = self.encode(input_ids, attention_mask, output_attentions=output_attentions,
                                           output_hidden_states=output_hidden_states)
-        enc = encoder_outputs if isinstance(encoder_outputs, ModelOutput) else ModelOutput(last_hidden_state=encoder_outputs)
+        enc = encoder_outputs if isinstance(encoder_outputs, ModelOutput) \
+            else ModelOutput(last_hidden_state=encoder_outputs)
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("pass decoder_input_ids or labels (the target; shifted right inside)")

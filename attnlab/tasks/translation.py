@@ -145,7 +145,8 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
         raise DataError(f"{len(hypotheses)} translations for {len(references)} references")
     metric = sacrebleu.metrics.BLEU()
     score = metric.corpus_score(list(hypotheses), [list(references)])
-    return {"bleu": round(score.score, 2), "bp": round(score.bp, 4), "ratio": round(score.sys_len / max(score.ref_len, 1), 4),
+    return {"bleu": round(score.score, 2), "bp": round(score.bp, 4),
+            "ratio": round(score.sys_len / max(score.ref_len, 1), 4),
             "precisions": [round(p, 2) for p in score.precisions], "sys_len": score.sys_len,
             "ref_len": score.ref_len, "signature": str(metric.get_signature())}
 
@@ -280,7 +281,8 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
         net.save(output)
     log.close()
     summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang, "steps": step,
-               "epochs": round(step / steps_per_epoch, 2), "train_pairs": len(pairs), "minutes": round((time.time() - start) / 60, 1),
+               "epochs": round(step / steps_per_epoch, 2), "train_pairs": len(pairs),
+               "minutes": round((time.time() - start) / 60, 1),
                "parameters": net.num_parameters(), "vocab_size": tok.vocab_size, "max_length": max_length,
                "best": best if valid is not None else None, "config": {k: v for k, v in cfg.to_dict().items()
                                                                       if k in ("hidden_size", "num_layers", "num_heads",
@@ -290,7 +292,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
 
 
 def _validate(model, tok, valid: list[tuple[str, str]], num_beams: int, max_length: int) -> dict:
-    """Validation loss would need label-smoothing-free teacher forcing; BLEU of greedy/beam output is what counts."""
+    """BLEU of the decoded validation sources: what the kept checkpoint is chosen by."""
     hyps = translate(model, tok, [p[0] for p in valid], num_beams=num_beams, max_length=max_length)
     model.train()
     return bleu(hyps, [p[1] for p in valid])
