@@ -144,3 +144,16 @@ def test_viz_cross_attention_page(tmp_path):
     assert data.causal and len(data.cross) == 3 and data.cross[0].shape == (4, 3, 4)
     assert torch.allclose(data.cross[1].sum(-1), torch.ones(4, 3))
     assert "source_tokens" in render_page(data) or "cross" in render_page(data)
+
+
+def test_cross_keys_values_projected_once_per_generation():
+    model = tiny("t5-small")
+    ids, mask, _ = batch()
+    rows = []
+    hook = model.decoder.layers[0].cross_attn.k.register_forward_hook(lambda _m, inp, _o: rows.append(inp[0].size(1)))
+    try:
+        out = generate(model, ids, mask, max_new_tokens=5, eos_token_id=[])
+    finally:
+        hook.remove()
+    assert out.shape == (2, 6)
+    assert rows[0] == 9 and all(r == 0 for r in rows[1:]) and len(rows) == 5  # 9 source tokens, once
