@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # The order here is the order `attnlab --help` lists them in.
-COMMANDS = ["info", "embed", "generate", "viz", "plot", "finetune", "evaluate", "predict", "tokenizer", "prepare", "pretrain", "translate"]
+COMMANDS = ["info", "embed", "generate", "viz", "plot", "finetune", "evaluate", "predict", "tokenizer", "prepare", "pretrain", "distill", "translate", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

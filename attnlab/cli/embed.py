@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens "
                                                                  "(default: the model's maximum)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="precision of the linear layers: int8 = dynamic quantization (faster on CPU, "
+                        "cosine ~0.98 to fp32), bf16 (fast only with AVX512-BF16/AMX) (default fp32)")
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw (unnormalised) vectors")
 
 
@@ -33,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from ..interop.hf import atomic_write
     from ..inference.embed import embed, read_lines
     texts = read_lines(args.input)
+    from ..inference.quantize import quantize
     model = attnlab.load(args.model, architecture=None)
+    if args.dtype != "fp32":
+        model = quantize(model, args.dtype, inplace=True)
     tokenizer = attnlab.load_tokenizer(args.model)
     vectors = embed(model, tokenizer, texts, pooling=args.pooling, normalize=args.normalize,
                     batch_size=args.batch_size, max_length=args.max_length)

@@ -97,10 +97,11 @@ class Engine:
         self._cancel: set[int] = set()
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self.forward_lock = threading.Lock()  # taken by whoever else runs the model (the server's /viz)
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._stop = False
-        self.stats = dict(requests=0, finished=0, prompt_tokens=0, generated_tokens=0, steps=0, preemptions=0)
+        self.stats = dict(requests=0, finished=0, prompt_tokens=0, generated_tokens=0, steps=0, preemptions=0, cancelled=0)
 
     # ------------------------------------------------------------------ requests in and out
     def check(self, prompt_len: int, params: SamplingParams) -> None:
@@ -164,6 +165,7 @@ class Engine:
         dropped += [r for r in self.running if r.id in cancel]
         self.running = [r for r in self.running if r.id not in cancel]
         for r in dropped:
+            self.stats["cancelled"] += 1
             self._finish(r, "cancelled")
 
     def _preempt(self, req: Request) -> None:
@@ -209,8 +211,9 @@ class Engine:
         ids = torch.full((len(reqs), cache.t), self.pad, dtype=torch.long)
         for i, (r, n) in enumerate(zip(reqs, new)):
             ids[i, cache.t - n:] = torch.tensor(r.tokens[-n:])
-        out = self.model(ids.to(cache.attention_mask.device), attention_mask=cache.attention_mask,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        with self.forward_lock:
+            out = self.model(ids.to(cache.attention_mask.device), attention_mask=cache.attention_mask,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.commit()
         return out.logits[:, -1].float()
 

@@ -1,0 +1,245 @@
+"""The HTTP server: OpenAI-shaped endpoints over attnlab models (FastAPI app, run by uvicorn).
+
+Which endpoints exist depends on the model:
+  encoder (BERT-like)       POST /v1/embeddings, and POST /v1/classify when it has a classification head
+  decoder (GPT-2, LLaMA…)   POST /v1/completions, POST /v1/chat/completions (`"stream": true` = server-sent events)
+  always                    GET /health, GET /metrics, GET /viz?text=... (the attention page)
+
+Decoding goes through the continuous-batching engine (attnlab.inference.engine) in its own thread, so
+concurrent requests share every forward pass; encoder jobs are batched by `EncoderWorker`. Limits
+protect the process: max input tokens, max new tokens, max queued requests (429), a request timeout
+(504, the request's KV blocks are freed), a body size cap (413). A client that disconnects mid-stream
+has its request cancelled, which returns its KV blocks to the pool.
+
+    >>> app = create_app(model, tokenizer, name="smollm2")
+    >>> uvicorn.run(app, host="127.0.0.1", port=8000)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..inference.engine import Engine, QueueFull, SamplingParams
+from ..inference.quantize import linear_precision
+from .metrics import Metrics
+from .schemas import ChatRequest, ClassifyRequest, CompletionRequest, EmbeddingRequest
+from .workers import EncoderWorker, TokenStream
+
+
+@dataclass
+class Limits:
+    max_input_tokens: int = 2048
+    max_new_tokens: int = 512
+    max_queued: int = 256
+    request_timeout: float = 120.0   # seconds
+    max_body_bytes: int = 1 << 20
+    max_batch: int = 32              # sequences decoded together
+    num_blocks: int = 512            # KV pool size, in blocks of block_size tokens
+    block_size: int = 16
+    max_texts: int = 256             # per embeddings/classify request
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+class BodyLimit:
+    """Reject bodies over `limit` bytes (413) before they are read into memory, whether or not the client
+    sent Content-Length."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _error(413, f"request body of {int(length)} bytes exceeds the limit of {self.limit}",
+                                kind="request_too_large")(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise ApiError(413, f"request body exceeds the limit of {self.limit} bytes", kind="request_too_large")
+            return message
+        return await self.app(scope, limited, send)
+
+
+def model_kind(model) -> str:
+    if getattr(model.config, "causal", False) and hasattr(model, "lm_head"):
+        return "decoder"
+    return "encoder"
+
+
+def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None = None,
+               start_engine: bool = True) -> FastAPI:
+    limits = limits or Limits()
+    kind = model_kind(model)
+    metrics = Metrics()
+    engine = worker = None
+    if kind == "decoder":
+        engine = Engine(model, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
+                        max_batch=limits.max_batch, max_waiting=limits.max_queued)
+    else:
+        worker = EncoderWorker(model, tokenizer, max_queued=limits.max_queued, max_length=limits.max_input_tokens)
+    classifier = kind == "encoder" and type(model).__name__ == "SequenceClassification"
+    endpoints = (["/v1/completions", "/v1/chat/completions"] if kind == "decoder"
+                 else ["/v1/embeddings"] + (["/v1/classify"] if classifier else []))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if engine is not None and start_engine:
+            engine.start()
+        yield
+        if engine is not None:
+            engine.stop()
+        if worker is not None:
+            worker.stop()
+
+    app = FastAPI(title=f"attnlab: {name}", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.state.engine, app.state.worker, app.state.metrics, app.state.limits = engine, worker, metrics, limits
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, err: ApiError):
+        metrics.record(request.url.path, err.status)
+        return _error(err.status, err.message, err.param, err.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, err: RequestValidationError):
+        errors = err.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            metrics.record(request.url.path, 400)
+            return _error(400, "malformed JSON body: " + "; ".join(str(e.get("ctx", {}).get("error", e["msg"]))
+                                                                    for e in errors), "body")
+        fields = [".".join(str(x) for x in e["loc"] if x != "body") or "body" for e in errors]
+        message = "; ".join(f"{f}: {e['msg']}" for f, e in zip(fields, errors))
+        metrics.record(request.url.path, 422)
+        return _error(422, message, fields[0])
+
+    # ------------------------------------------------------------------ always there
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": name, "kind": kind, "endpoints": endpoints,
+                "precision": linear_precision(model)}
+
+    @app.get("/metrics")
+    async def get_metrics():
+        out = metrics.snapshot()
+        if engine is not None:
+            out.update(queue_depth=len(engine.waiting), running=len(engine.running),
+                       kv_blocks_free=engine.pool.num_free, kv_blocks_total=engine.pool.capacity_blocks,
+                       kv_block_size=engine.pool.block_size, engine=dict(engine.stats))
+        else:
+            out.update(queue_depth=worker.queue_depth)
+        out["limits"] = asdict(limits)
+        return out
+
+    @app.get("/viz", response_class=HTMLResponse)
+    async def viz(text: str, text_b: str | None = None, view: str = "head", layer: int = 0, head: int | None = None):
+        from ..viz.page import attention_page
+        n = len(tokenizer.encode(text, add_special_tokens=False))
+        if n > min(limits.max_input_tokens, 256):  # the page holds layers x heads x T x T weights
+            raise ApiError(400, f"text has {n} tokens; /viz accepts at most {min(limits.max_input_tokens, 256)}", "text")
+        lock = engine.forward_lock if engine is not None else worker.lock  # its hooks must see only its own pass
+
+        def render():
+            with lock:
+                return attention_page(model, tokenizer, text, text_b, view=view, layer=layer, head=head, title=name)
+        try:
+            page = await run_in_threadpool(render)
+        except ValueError as err:
+            raise ApiError(400, str(err), "layer" if "layer" in str(err) else "head" if "head" in str(err) else None)
+        metrics.record("/viz", 200)
+        return HTMLResponse(page)
+
+    # ------------------------------------------------------------------ encoders
+    async def _encoder_job(job: str, texts: list[str], endpoint: str):
+        started = time.perf_counter()
+        if not texts:
+            raise ApiError(400, "input must not be empty", "input")
+        if len(texts) > limits.max_texts:
+            raise ApiError(400, f"input has {len(texts)} texts; at most {limits.max_texts} per request", "input")
+        lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+        for i, n in enumerate(lengths):
+            if n > limits.max_input_tokens:
+                raise ApiError(400, f"input[{i}] has {n} tokens; max_input_tokens is {limits.max_input_tokens}",
+                               f"input[{i}]")
+        try:
+            future = worker.submit(job, texts)
+        except QueueFull as err:
+            raise ApiError(429, str(err), kind="rate_limit_error")
+        try:
+            out = await asyncio.wait_for(future, limits.request_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(504, f"request timed out after {limits.request_timeout:g} s", kind="timeout")
+        metrics.add_tokens("embedded", sum(lengths))
+        metrics.record(endpoint, 200, time.perf_counter() - started)
+        return out, sum(lengths)
+
+    if kind == "encoder":
+        @app.post("/v1/embeddings")
+        async def embeddings(body: EmbeddingRequest):
+            vectors, n = await _encoder_job("embed", body.texts(), "/v1/embeddings")
+            return {"object": "list", "model": name, "usage": {"prompt_tokens": n, "total_tokens": n},
+                    "data": [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]}
+
+    if classifier:
+        id2label = model.config.extra.get("id2label") or {}
+
+        @app.post("/v1/classify")
+        async def classify(body: ClassifyRequest):
+            probs, n = await _encoder_job("classify", body.texts(), "/v1/classify")
+            data = []
+            for i, p in enumerate(probs):
+                scores = {id2label.get(str(j), str(j)): float(s) for j, s in enumerate(p)}
+                best = int(p.argmax())
+                data.append({"index": i, "label": id2label.get(str(best), str(best)), "score": float(p[best]),
+                             "scores": scores})
+            return {"object": "list", "model": name, "data": data, "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    # ------------------------------------------------------------------ decoders
+    if kind == "decoder":
+        from .generation import register_generation
+        register_generation(app, engine, tokenizer, name, limits, metrics, ApiError)
+
+    for path in ("/v1/embeddings", "/v1/classify", "/v1/completions", "/v1/chat/completions"):
+        if path not in endpoints:  # a clear answer instead of a bare 404
+            app.add_api_route(path, _unsupported(path, kind, classifier), methods=["POST"])
+    return app
+
+
+def _unsupported(path: str, kind: str, classifier: bool):
+    async def handler():
+        need = {"/v1/classify": "an encoder with a sequence-classification head",
+                "/v1/embeddings": "an encoder"}.get(path, "a decoder (causal LM)")
+        raise ApiError(404, f"{path} needs {need}; this server runs {'a classifier' if classifier else 'an ' + kind}",
+                       kind="not_found")
+    return handler
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
