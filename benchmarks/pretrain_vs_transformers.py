@@ -7,6 +7,10 @@ for the same wall-clock budget and prints the held-out MLM loss it reached.
 
 attnlab's levers: sparse prediction (the 30522-way projection only on the ~15% masked positions),
 no padding (packed blocks: no attention mask, the fused SDPA kernel's fastest path), bf16 autocast.
+bf16 only pays on CPUs with AVX512-BF16 or AMX; on an AVX2-only CPU a bf16 matmul is ~10x slower than
+fp32 (measured 0.6 vs 5.9 GFLOP/s, one thread), so leave the bf16 setups out there (--setups).
+Measured here (AVX2 EPYC, 1 thread, machine shared with other jobs, load ~15): transformers fp32
+56 tokens/s, attnlab fp32 116 tokens/s (2.07x).
 
     .venv/bin/python benchmarks/pretrain_vs_transformers.py [--steps 6] [--budget 120] [--threads N]
 """
@@ -84,7 +88,7 @@ def train_steps(setup, model, opt, stream, n, run):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return float(loss)
+    return float(loss.detach())
 
 
 @torch.no_grad()
