@@ -11,6 +11,7 @@ Presets are named configs (data), see `PRESETS` and `preset()`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class ModelConfig:
     final_norm: bool | None = None      # None = True for pre-LN stacks, False for post-LN
     pooler: bool = True                 # BERT's tanh pooler over [CLS]
     tie_word_embeddings: bool = True
+    share_layers: bool = False          # ALBERT: one block's parameters reused by every layer (Lan et al. 2020, §3.1)
 
     # --- numbers
     norm_eps: float = 1e-12
@@ -133,6 +135,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise bad(name, "must be a positive number")
+        if not isinstance(self.share_layers, bool):
+            raise bad("share_layers", "must be true or false")
         if not isinstance(self.scale_embeddings, bool):
             raise bad("scale_embeddings", "must be true or false")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
@@ -181,6 +185,27 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert-mini": dict(_BERT, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
     "bert-tiny": dict(_BERT, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512),
     "minilm-l6": dict(_BERT, hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
+    # The BERT family after BERT (issue 9), each a configuration of the same backbone; sizes from the papers.
+    # RoBERTa (Liu et al. 2019): BERT-base shape, byte-level BPE vocab, no segments, positions from pad+1.
+    "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
+                         norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                         extra={"position_offset": 2}),
+    # ALBERT-base (Lan et al. 2020, Table 1): E=128 factorized embeddings, all 12 layers share one block.
+    "albert-base": dict(model_type="albert", vocab_size=30000, embedding_size=128, activation="gelu_tanh",
+                        share_layers=True, dropout=0.0, attention_dropout=0.0),
+    # DistilBERT (Sanh et al. 2019): BERT-base with half the layers, no segments, no pooler.
+    "distilbert-base": dict(model_type="distilbert", num_layers=6, type_vocab_size=0, pooler=False),
+    # ELECTRA-small discriminator (Clark et al. 2020, Appendix A): H=256, E=128, 12 layers, no pooler.
+    "electra-small": dict(model_type="electra", hidden_size=256, num_heads=4, intermediate_size=1024,
+                          embedding_size=128, pooler=False),
+    # ModernBERT-base (Warner et al. 2024): pre-LN, bias-free, GeGLU, RoPE, global attention every 3rd
+    # layer and ±64-token local attention in between, 8192-token context.
+    "modernbert-base": dict(model_type="modernbert", vocab_size=50368, num_layers=22, intermediate_size=1152,
+                            max_position_embeddings=8192, type_vocab_size=0, position="rope", rope_theta=160000.0,
+                            norm_placement="pre", activation="geglu", bias=False, norm_eps=1e-5, dropout=0.0,
+                            attention_dropout=0.0, pooler=False, sliding_window=65, pad_token_id=50283,
+                            bos_token_id=50281, eos_token_id=50282,
+                            extra={"global_every": 3, "local_rope_theta": 10000.0, "skip_first_attn_norm": True}),
     # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
     # The original Transformer, base model (Vaswani et al. 2017, Table 3): post-LN, sinusoidal positions added
     # to embeddings scaled by sqrt(d_model) (§3.4-3.5), ReLU FFN (§3.3), residual dropout 0.1 (§5.4), one
@@ -215,4 +240,5 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     """A named config, optionally with some fields changed: `preset("bert-mini", num_layers=2)`."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
-    return ModelConfig.from_dict({**PRESETS[name], **overrides}, source=f"preset {name}")
+    # deep copy: a preset's `extra` dict must not be shared with (and mutated through) the configs built from it
+    return ModelConfig.from_dict({**copy.deepcopy(PRESETS[name]), **overrides}, source=f"preset {name}")

@@ -25,8 +25,10 @@ class MLMHead(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         e = config.emb_size  # ALBERT predicts in the factorized embedding space
-        self.dense = nn.Linear(config.hidden_size, e)
-        self.act = activation_fn(config.activation if not config.is_glu else "gelu")
+        self.dense = nn.Linear(config.hidden_size, e, bias=config.bias)  # ModernBERT's head is bias-free too
+        # RoBERTa, ELECTRA and ModernBERT fix the head's activation apart from the blocks' (extra.head_activation)
+        self.act = activation_fn(config.extra.get("head_activation")
+                                 or (config.activation if not config.is_glu else "gelu"))
         self.norm = make_norm(config, e)
         self.decoder = nn.Linear(e, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
@@ -66,6 +68,7 @@ class _WithBackbone(Model):
 class MaskedLM(_WithBackbone):
     """Encoder + MLM head: the equivalent of BertForMaskedLM."""
     hf_architecture = "BertForMaskedLM"
+    uses_pooler = False  # as in HF's *ForMaskedLM: RoBERTa/ALBERT MLM checkpoints carry no pooler
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -100,6 +103,7 @@ class PreTraining(MaskedLM):
     """Encoder + MLM head + NSP head: the equivalent of BertForPreTraining. `logits` are the MLM
     logits, `nsp_logits` the next-sentence logits; the loss is their sum when both labels are given."""
     hf_architecture = "BertForPreTraining"
+    uses_pooler = True  # NSP / SOP read the pooled [CLS] vector
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -118,6 +122,43 @@ class PreTraining(MaskedLM):
         if next_sentence_label is not None:
             nsp_loss = F.cross_entropy(out.extra["nsp_logits"].float(), next_sentence_label)
             out.loss = nsp_loss if out.loss is None else out.loss + nsp_loss
+        return out
+
+
+class RTDHead(nn.Module):
+    """ELECTRA's replaced-token detection (Clark et al. 2020, §2): for every token, one logit saying
+    "this token was replaced by the generator". Dense + activation, then a projection to one number."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation_fn(config.activation if not config.is_glu else "gelu")
+        self.out = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.out(self.act(self.dense(hidden))).squeeze(-1)
+
+
+class ReplacedTokenDetection(_WithBackbone):
+    """Encoder + RTD head: ELECTRA's discriminator (ElectraForPreTraining). `logits` is (batch, seq);
+    `labels` (1 = replaced, 0 = original) give a binary cross-entropy over the real (unpadded) tokens."""
+    hf_architecture = "ElectraForPreTraining"
+    uses_pooler = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.rtd = RTDHead(config)
+        self.init_weights()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
+                output_hidden_states=False) -> ModelOutput:
+        out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                 output_attentions, output_hidden_states)
+        out.logits = self.rtd(out.last_hidden_state)
+        if labels is not None:
+            keep = attention_mask.bool() if attention_mask is not None else torch.ones_like(labels, dtype=torch.bool)
+            out.loss = F.binary_cross_entropy_with_logits(out.logits[keep].float(), labels[keep].float())
         return out
 
 

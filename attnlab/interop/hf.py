@@ -422,5 +422,5 @@ def save_pretrained(model: Model, directory: str | Path) -> Path:
 # ----------------------------------------------------------------------------------- other families
 # Imported last: each module registers its Family with the helpers defined above.
 from . import gpt2, llama  # noqa: E402,F401
+from . import albert, distilbert, electra, modernbert, roberta  # noqa: E402,F401  (the BERT family, issue 9)
 from . import t5  # noqa: E402,F401  (T5 and the original Transformer, issue 8)
-

@@ -48,6 +48,20 @@ class Model(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        self._family_architecture()
+
+    def _family_architecture(self) -> None:
+        """The Hugging Face name depends on the family as well as the class: one `MaskedLM` class is
+        BertForMaskedLM, RobertaForMaskedLM or AlbertForMaskedLM. A class-level name that the config's
+        family does not list is replaced (on this instance) by the one the family registers for the class."""
+        from ..interop.hf import FAMILIES
+        family = FAMILIES.get(self.config.model_type)
+        current = getattr(type(self), "hf_architecture", "")
+        if family is None or not isinstance(current, str) or current in family.architectures:
+            return  # unknown family, a per-family property (CausalLM), or already right
+        names = [name for name, (cls, _) in family.architectures.items() if cls is type(self)]
+        if names:
+            self.__dict__["hf_architecture"] = names[0]
 
     def init_weights(self) -> None:
         """Normal(0, initializer_range) for matrices and embeddings, zeros for biases, ones for norm

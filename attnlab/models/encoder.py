@@ -34,11 +34,23 @@ class Encoder(Model):
         super().__init__(config)
         self.embeddings = Embeddings(config)
         self.rope = RotaryEmbedding(config.dim_head, config.rope_theta) if config.position == "rope" else None
+        # ModernBERT rotates local (sliding-window) layers with a smaller theta than global ones
+        # (Warner et al. 2024, §2.1: 10k local, 160k global)
+        local_theta = config.extra.get("local_rope_theta")
+        self.local_rope = RotaryEmbedding(config.dim_head, local_theta) \
+            if self.rope is not None and local_theta is not None else None
         # T5 shares one bias table across all layers (Raffel et al. 2020, §2.1)
         self.relative_bias = RelativePositionBias(
             config.num_heads, config.relative_num_buckets, config.relative_max_distance,
             bidirectional=not config.causal) if config.position == "relative_bias" else None
-        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        if config.share_layers:  # ALBERT: one block applied num_layers times (Lan et al. 2020, §3.1)
+            block = Block(config)
+            self.layers = nn.ModuleList([block] * config.num_layers)
+        else:
+            self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        if config.extra.get("skip_first_attn_norm"):
+            # ModernBERT: the embeddings end in a LayerNorm, so the first pre-LN block does not norm again
+            self.layers[0].attn_norm = nn.Identity()
         self.final_norm = make_norm(config) if config.has_final_norm else None
         self.pooler = Pooler(config) if config.pooler else None
         self.init_weights()
@@ -82,8 +94,15 @@ class Encoder(Model):
             if cfg.causal and attention_mask is not None:
                 # left padding: a row's first real token is position 0, whatever padding precedes it
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
+            elif "position_offset" in cfg.extra and input_ids is not None and cfg.pad_token_id is not None:
+                # RoBERTa (fairseq): real tokens count from position_offset (pad_token_id + 1), whatever padding
+                # surrounds them; pad tokens take position pad_token_id
+                real = input_ids != cfg.pad_token_id
+                start = cfg.extra["position_offset"] + offset
+                position_ids = torch.where(real, real.long().cumsum(-1) + start - 1, cfg.pad_token_id)
             else:
-                position_ids = torch.arange(offset, offset + t, device=device).expand(b, t)
+                start = offset + cfg.extra.get("position_offset", 0)
+                position_ids = torch.arange(start, start + t, device=device).expand(b, t)
         varlen = None
         if (self.unpad if unpad is None else unpad) and attention_mask is not None and past_key_values is None \
                 and not bool(attention_mask.all()):
@@ -99,11 +118,13 @@ class Encoder(Model):
         local = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
                                     window=cfg.sliding_window, device=device) if cfg.sliding_window else mask
         rope = self.rope(position_ids) if self.rope is not None else None
+        local_rope = self.local_rope(position_ids) if self.local_rope is not None else rope
         bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None
 
         hidden_states, attentions = [repad(x)] if output_hidden_states else None, [] if output_attentions else None
         for i, layer in enumerate(self.layers):
-            x, (w, _) = layer(x, local if self._is_local(i) else mask, rope=rope, bias=bias,
+            is_local = self._is_local(i)
+            x, (w, _) = layer(x, local if is_local else mask, rope=local_rope if is_local else rope, bias=bias,
                               cache=past_key_values, layer_idx=i, need_weights=output_attentions, varlen=varlen)
             if output_hidden_states:
                 hidden_states.append(repad(x))

@@ -40,10 +40,23 @@ def build_on_meta(cls, config: ModelConfig) -> nn.Module:
         return cls(config)
 
 
+def _factorized(backbone: nn.Module) -> str:
+    """ALBERT's factorized embeddings (Lan et al. 2020, §3.1): rows of size E < H plus an E×H projection,
+    instead of rows of size H. Names the saving against the unfactorized table."""
+    emb = backbone.embeddings
+    if getattr(emb, "project", None) is None:
+        return ""
+    e, h = emb.project.in_features, emb.project.out_features
+    rows = sum(m.num_embeddings for m in (emb.tok, emb.pos, emb.seg) if m is not None)
+    norm = count(emb.norm) // e if emb.norm is not None else 0  # LayerNorm vectors of size E (1 or 2)
+    saving = (rows + norm) * (h - e) - count(emb.project)
+    return f" (factorized E={e} → H={h}, saving {saving:,})"
+
+
 def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
     """(component, parameters) rows for a backbone or a wrapper; the rows add up to the total."""
     backbone = getattr(model, "backbone", model)
-    rows: list[tuple[str, int]] = [("embeddings", count(backbone.embeddings))]
+    rows: list[tuple[str, int]] = [("embeddings" + _factorized(backbone), count(backbone.embeddings))]
     for extra in ("rope", "relative_bias"):
         if count(getattr(backbone, extra, None)):
             rows.append((extra.replace("_", " "), count(getattr(backbone, extra))))
@@ -58,7 +71,8 @@ def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
         parts += [f"feed-forward {count(first.ffn):,}",
                   f"norms {count(first.attn_norm) + count(first.ffn_norm) + count(first.cross_norm):,}"]
         total_layers = per_layer if shared else per_layer * len(layers)
-        label = (f"layers: {len(layers)} sharing one block" if shared else f"layers: {len(layers)} × {per_layer:,}")
+        label = (f"layers: {len(layers)} sharing one block, saving {per_layer * (len(layers) - 1):,}" if shared
+                 else f"layers: {len(layers)} × {per_layer:,}")
         rows.append((f"{label} ({', '.join(parts)})", total_layers))
     if count(getattr(backbone, "final_norm", None)):
         rows.append(("final norm", count(backbone.final_norm)))

@@ -1,0 +1,59 @@
+"""Shared steps of the BERT-family parity tests (issue 9): random HF model -> save -> attnlab load ->
+compare on padded inputs -> attnlab save -> transformers load -> compare again."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import attnlab
+
+
+def randomize(model: torch.nn.Module, std: float = 0.05) -> torch.nn.Module:
+    """HF initialises norms to ones/zeros and biases to zero; perturb every parameter so that a row mapping
+    one norm or bias onto another cannot hide."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * std)
+    return model.eval()
+
+
+def padded_inputs(vocab: int, pad: int, batch: int = 3, seq: int = 11, low: int = 3, left_pad_row: bool = False):
+    """Random ids with padding: row 1 right-padded from 7, row 2 from 4 (optionally left-padded instead)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(low, vocab, (batch, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    if left_pad_row:
+        mask[2, : seq - 4] = 0
+    else:
+        mask[2, 4:] = 0
+    ids[mask == 0] = pad
+    return ids, mask
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """Largest difference over real tokens (padded positions are left out by the unpadded encoder)."""
+    if a.shape[:2] != mask.shape:  # one vector per sequence (pooled output, SOP logits)
+        return (a - b).abs().max().item()
+    return (a - b)[mask.bool()].abs().max().item()
+
+
+def roundtrip(hf_model, tmp_path, ours_key: str, hf_key: str, inputs: dict, mask: torch.Tensor,
+              architecture: str | None = None) -> tuple[float, float, object]:
+    """Returns (diff attnlab vs transformers, diff transformers-reloaded vs transformers, our model)."""
+    src, back = tmp_path / "hf", tmp_path / "ours"
+    hf_model.save_pretrained(src)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a clean load: no missing or unused tensors
+        ours = attnlab.load(src, architecture=architecture)
+    with torch.no_grad():
+        want = getattr(hf_model(**inputs), hf_key)
+        got = getattr(ours(**inputs), ours_key)
+    ours.save(back)
+    again, info = type(hf_model).from_pretrained(back, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        reloaded = getattr(again.eval()(**inputs), hf_key)
+    return max_diff(got, want, mask), max_diff(reloaded, want, mask), ours
