@@ -43,7 +43,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM  # the oracle: imported here only
+    import transformers  # the oracle: imported here only
+    from transformers import AutoModelForCausalLM
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
 
     path = resolve("smollm2")
     ours = attnlab.load(path)
@@ -52,7 +55,8 @@ def main() -> int:
     weight_bytes = params * 4
     bound_steps = args.bandwidth_gbs * 1e9 / weight_bytes
     print(f"SmolLM2-135M: {params:,} parameters = {weight_bytes / 1e6:.0f} MB in fp32; bandwidth bound at "
-          f"{args.bandwidth_gbs:g} GB/s = {bound_steps:.1f} decoding steps/s; torch threads {torch.get_num_threads()}")
+          f"{args.bandwidth_gbs:g} GB/s = {bound_steps:.1f} decoding steps/s; torch threads {torch.get_num_threads()}",
+          flush=True)
     n = args.new_tokens
 
     def run_ours(model, ids):
@@ -77,6 +81,7 @@ def main() -> int:
         a, h = b * n / min(t_ours), b * n / min(t_theirs)
         frac = (n / min(t_ours)) / bound_steps
         rows.append((b, a, h, a / h, frac, same))
+        print(f"  batch {b}: attnlab {a:.1f} tok/s, transformers {h:.1f} tok/s, same ids: {same}", flush=True)
         if args.bf16:
             low = attnlab.load(path, dtype=torch.bfloat16)
             run_ours(low, ids[:, :4])
@@ -84,7 +89,7 @@ def main() -> int:
             with torch.inference_mode():
                 dev = (low(ids).logits.float() - ours(ids).logits).abs().max().item()
             print(f"  batch {b} bf16 weights: {b * n / t_low:.1f} new tokens/s ({(b * n / t_low) / a:.2f}x fp32), "
-                  f"max |logit - fp32 logit| = {dev:.3g}")
+                  f"max |logit - fp32 logit| = {dev:.3g}", flush=True)
 
     print(f"\ngreedy, {args.prompt_tokens}-token prompt, {n} new tokens, fp32, best of {args.repeats}")
     print(f"{'batch':>5} {'attnlab tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} {'of bw bound':>12} {'same ids':>9}")
