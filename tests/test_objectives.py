@@ -79,7 +79,7 @@ def test_vocab_without_mask_is_a_clear_error(data_dir):
     with pytest.raises(ValueError, match="no mask token"):
         build_objective(ObjectiveConfig(kind="mlm"), tok, 64)
     with pytest.raises(ValueError, match="objective.kind"):
-        build_objective(ObjectiveConfig(kind="electra"), tok, 64)
+        build_objective(ObjectiveConfig(kind="plm"), tok, 64)
 
 
 # ---------------------------------------------------------------------------------------------- pairs

@@ -6,7 +6,8 @@ stream and the Trainer need:
     collate(examples, rng)    a batch of tensors, masked   (mlm.mlm_collate, clm.clm_collate)
     loss(model, batch)        (loss, sums for evaluation)  (mlm.mlm_loss, clm.clm_loss)
     metrics(sums)             {"loss", "accuracy", ...}
-and the model wrapper to train: MaskedLM (mlm), PreTraining (mlm+nsp, mlm+sop), CausalLM (clm).
+and the model wrapper to train: MaskedLM (mlm), PreTraining (mlm+nsp, mlm+sop), CausalLM (clm),
+Electra (electra: generator + discriminator).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-KINDS = ("mlm", "mlm+nsp", "mlm+sop", "clm")
+KINDS = ("mlm", "mlm+nsp", "mlm+sop", "clm", "electra")
 
 
 @dataclass
@@ -62,6 +63,12 @@ def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
                          "(cls_token, sep_token)")
     collate = partial(mlm.mlm_collate, vocab=vocab, prob=cfg.mask_prob, whole_word=cfg.whole_word,
                       pad_id=tokenizer.pad_token_id or 0, sparse=cfg.sparse_prediction)
+    if cfg.kind == "electra":  # replaced-token detection (Clark et al. 2020): see objectives/electra.py
+        from . import electra
+        blocks = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
+        collate = partial(electra.electra_collate, vocab=vocab, prob=cfg.mask_prob, pad_id=tokenizer.pad_token_id or 0)
+        return Objective(cfg.kind, lambda shards, rng: blocks(shards, rng=rng), lambda ex, rng: collate(ex, rng=rng),
+                         electra.electra_loss, electra.electra_metrics, electra.Electra)
     if cfg.kind == "mlm":
         examples = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
         model_class = MaskedLM
