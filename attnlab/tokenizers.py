@@ -151,7 +151,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                                   strip_accents=config.get("strip_accents"),
                                   chinese_chars=config.get("tokenize_chinese_chars", True),
                                   specials=specials, source=path)
-    return Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(path))
+    tok = Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(path))
+    tok.chat_template = config.get("chat_template")  # a Jinja2 string for chat models (inference/chat.py)
+    return tok
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,6 +283,7 @@ class Tokenizer:
         self.special_tokens = dict(BERT_SPECIALS if specials is None else specials)  # role -> token
         self.model_max_length = model_max_length
         self.name = name
+        self.chat_template: str | None = None
         # Truncation/padding are per call, so wipe whatever a tokenizer.json baked in (MiniLM's pads
         # everything to 128). The backend holds them as state, hence the lock around each call.
         backend.no_truncation()
@@ -297,6 +300,8 @@ class Tokenizer:
     sep_token_id = property(lambda self: self._special_id("sep_token"))
     mask_token_id = property(lambda self: self._special_id("mask_token"))
     unk_token_id = property(lambda self: self._special_id("unk_token"))
+    bos_token_id = property(lambda self: self._special_id("bos_token"))
+    eos_token_id = property(lambda self: self._special_id("eos_token"))
 
     @property
     def special_ids(self) -> set[int]:
@@ -427,6 +432,8 @@ class Tokenizer:
             spec = json.loads(self.backend.to_str())
         config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
                                   "model_max_length": self.model_max_length, **self.special_tokens}
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
         if isinstance(self.backend.model, tk.models.WordPiece):
             config["tokenizer_class"] = "BertTokenizer"
             vocab = self.backend.get_vocab(with_added_tokens=False)

@@ -157,3 +157,11 @@ def test_unknown_architecture_and_quantization_are_named(tmp_path):
                raw={"blk.0.attn_v.weight": (raw, gguf.GGMLQuantizationType.Q8_1)})
     with pytest.raises(CheckpointError, match="'blk.0.attn_v.weight' uses quantization type Q8_1"):
         attnlab.load(tmp_path / "q81.gguf")
+
+
+def test_gguf_tokenizer_saves_with_its_chat_template(smol, tmp_path):
+    _, tok = smol
+    again = attnlab.load_tokenizer(tok.save(tmp_path / "tok"))
+    assert again.chat_template == tok.chat_template and again.eos_token_id == tok.eos_token_id == 2
+    text = "Café naïve 🙂 2024"
+    assert again.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
