@@ -33,7 +33,7 @@ def test_roberta_positions_start_after_padding_idx():
     cfg = preset("roberta-base", vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     model = Encoder(cfg).eval()
     seen = {}
-    model.embeddings.pos.register_forward_hook(lambda m, args, out: seen.setdefault("pos", args[0]))
+    model.embeddings.pos.register_forward_hook(lambda m, args, out: seen.update(pos=args[0]))  # returns None
     ids = torch.tensor([[0, 5, 6, 2, 1, 1], [1, 1, 0, 7, 8, 2]])  # right-padded, left-padded
     with torch.no_grad():
         model(input_ids=ids, attention_mask=(ids != 1).long(), unpad=False)
