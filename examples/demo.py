@@ -13,6 +13,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # resolved to the locally installed package, never downloaded
+OUT = HERE.parent / "out" / "demo"  # everything the demo writes (git-ignored)
 
 
 def section(title: str) -> None:
@@ -43,10 +44,40 @@ def nearest_neighbours() -> None:
             print(f"  {scores[i]:.3f}  {corpus[i]}")
 
 
-SECTIONS = [show_info, nearest_neighbours]
+def attention_page() -> None:
+    from attnlab.cli import main
+    section("3. attention views: one self-contained HTML page (head, model and neuron views)")
+    main(["viz", MINILM, "--text", "The cat sat on the mat.", "--text-b", "It was happy.",
+          "--output", str(OUT / "attention.html")])
+    print(f"open {OUT / 'attention.html'} in any browser (works offline)")
+
+
+def chat_with_smollm2() -> None:
+    from attnlab.cli import main
+    section("4. a real pretrained decoder: SmolLM2-135M-Instruct from its GGUF file, KV-cached greedy decoding")
+    print("attnlab generate smollm2 --chat --prompt 'What is the capital of France?'\n")
+    main(["generate", "smollm2", "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "24"])
+
+
+def pretrain_char_gpt() -> None:
+    from attnlab.cli import main
+    section("5. pretraining from scratch: a character-level GPT on a bundled Shakespeare sample, then its curves")
+    run = OUT / "gpt-char"
+    main(["pretrain", "--config", str(HERE.parent / "configs" / "pretrain-gpt-shakespeare-char.yaml"),
+          f"data.files=[{HERE / 'data' / 'shakespeare-sample.txt'}]", f"data.path={OUT / 'corpus-char'}",
+          "data.eval_batches=10", f"train.output_dir={run}", "train.max_steps=150", "train.warmup_steps=20",
+          "train.eval_every=75", "train.log_every=25", "train.save_every=150"])
+    main(["plot", str(run)])
+    print("\nsampling from the model trained a few seconds ago:")
+    main(["generate", str(run / "model"), "--prompt", "ROMEO:", "--max-new-tokens", "80",
+         "--temperature", "0.8", "--seed", "0"])
+
+
+SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt]
 
 
 def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     for run in SECTIONS:
         run()

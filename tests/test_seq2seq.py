@@ -63,7 +63,7 @@ def test_forward_outputs(name):
     assert out.attentions[0][0, 0].triu(1).abs().max() == 0       # causal self-attention
     # teacher forcing: labels shifted right behind the start token
     same = model(input_ids=ids, attention_mask=mask, decoder_input_ids=model.shift_right(labels))
-    assert torch.allclose(same.logits, out.logits, atol=1e-6)
+    assert torch.allclose(same.logits, out.logits, atol=1e-5)  # fused vs explicit attention paths
 
 
 def test_tying_and_separate_embeddings():

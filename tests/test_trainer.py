@@ -229,3 +229,24 @@ def test_shipped_configs_build(name, data_dir):
     if name == "pretrain-gpt-shakespeare-char":
         assert (model_cfg.num_layers, model_cfg.num_heads, model_cfg.hidden_size, cfg.data.seq_len,
                 cfg.data.batch_size, cfg.train.max_steps, model_cfg.dropout) == (4, 4, 128, 64, 12, 2000, 0.0)
+
+
+def test_a_switch_the_hf_layout_cannot_express_falls_back_to_attnlabs_own(tmp_path):
+    """A bias-free GPT-2 has no Hugging Face GPT-2 equivalent: save_pretrained refuses it by name, and
+    save_model writes attnlab's own layout, which attnlab.load reads back to the same model."""
+    import attnlab
+    from attnlab.config import ConfigError
+    from attnlab.models.decoder import CausalLM
+    from attnlab.training.checkpoint import save_model
+    cfg = attnlab.ModelConfig(model_type="gpt2", causal=True, vocab_size=50, hidden_size=16, num_layers=1,
+                              num_heads=2, intermediate_size=32, max_position_embeddings=16, type_vocab_size=0,
+                              pooler=False, norm_placement="pre", embedding_norm=False, bias=False,
+                              activation="gelu_tanh", pad_token_id=None, norm_eps=1e-5)
+    model = CausalLM(cfg).eval()
+    with pytest.raises(ConfigError, match="cannot express bias=False"):
+        model.save(tmp_path / "hf")
+    save_model(model, tmp_path / "native")
+    again = attnlab.load(tmp_path / "native")
+    ids = torch.randint(0, 50, (2, 7))
+    assert type(again).__name__ == "CausalLM"
+    assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)

@@ -60,6 +60,16 @@ def model_skeleton(name: str, architecture: str | None = None, overrides: dict |
     elif resolve(name).suffix.lower() == ".gguf":  # config from the file's metadata, no weights read
         from ..interop.gguf import gguf_config
         cfg, arch = gguf_config(resolve(name)), architecture
+    elif (resolve(name) / "attnlab_config.json").exists() and not (resolve(name) / "config.json").exists():
+        import json  # attnlab's own layout: the config names the class
+        from ..config import ModelConfig
+        from ..training.checkpoint import native_classes
+        data = json.loads((resolve(name) / "attnlab_config.json").read_text())
+        cls = native_classes()[data["extra"].pop("attnlab_class", "Encoder")]
+        cfg = ModelConfig.from_dict(data)
+        if overrides:
+            cfg = cfg.replace(**{**overrides, "extra": {**cfg.extra, **overrides.get("extra", {})}})
+        return build_on_meta(cls, cfg)
     else:
         cfg, hf = config_from_hf_dir(resolve(name))
         arch = architecture or (hf.get("architectures") or [None])[0]

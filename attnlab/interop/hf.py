@@ -296,6 +296,10 @@ def load_pretrained(directory: str | Path, architecture: str | None = None,
     `extra` is merged into config.extra before the model is built (e.g. id2label for a new classifier).
     """
     directory = Path(directory)
+    if not (directory / "config.json").exists() and (directory / "attnlab_config.json").exists():
+        from ..training.checkpoint import load_native  # attnlab's own layout (no HF family fits)
+        model = load_native(directory, extra)
+        return (model.to(dtype) if dtype is not None else model).to(device or "cpu").eval()
     config, hf = config_from_hf_dir(directory)
     config.extra.update(extra or {})
     family = FAMILIES[config.model_type]
@@ -403,12 +407,43 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         raise
 
 
+def _architecture(cfg: ModelConfig) -> dict[str, Any]:
+    """The values that change what a checkpoint computes (not dropout, init or token ids)."""
+    sig = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+               num_heads=cfg.num_heads, num_kv_heads=cfg.kv_heads, head_dim=cfg.dim_head,
+               intermediate_size=cfg.intermediate_size, embedding_size=cfg.emb_size, position=cfg.position,
+               norm=cfg.norm, norm_placement=cfg.norm_placement, activation=cfg.activation, bias=cfg.bias,
+               causal=cfg.causal, sliding_window=cfg.sliding_window, attention_scale=cfg.attention_scale,
+               embedding_norm=cfg.embedding_norm, final_norm=cfg.has_final_norm,
+               tie_word_embeddings=cfg.tie_word_embeddings, norm_eps=cfg.norm_eps,
+               share_layers=getattr(cfg, "share_layers", False))
+    if cfg.position in ("learned", "sinusoidal"):
+        sig["max_position_embeddings"] = cfg.max_position_embeddings
+    if cfg.position == "rope":
+        sig["rope_theta"] = cfg.rope_theta
+    return sig
+
+
+def check_expressible(family: Family, cfg: ModelConfig) -> dict:
+    """The HF config for `cfg`, after checking that reading it back describes the same model: a switch
+    the family's checkpoints cannot express (a bias-free GPT-2, say) is an error, not a silently
+    different model."""
+    hf_cfg = family.config_to_hf(cfg)
+    back = _architecture(family.config_from_hf(json.loads(json.dumps(hf_cfg)), "config.json"))
+    for key, value in _architecture(cfg).items():
+        if back.get(key) != value:
+            raise ConfigError(f"{family.model_type} checkpoints cannot express {key}={value!r} (they would "
+                              f"load as {key}={back.get(key)!r}); save with attnlab.training.checkpoint.save_model, "
+                              "which falls back to attnlab's own layout")
+    return hf_cfg
+
+
 def save_pretrained(model: Model, directory: str | Path) -> Path:
     from safetensors.torch import save_file
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     family = family_of(model.config.model_type, "model config")
-    hf_cfg = family.config_to_hf(model.config)
+    hf_cfg = check_expressible(family, model.config)
+    directory.mkdir(parents=True, exist_ok=True)
     hf_cfg["architectures"] = [model.hf_architecture]
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in hf_state_dict(model).items()}
     if family.extra_save is not None:

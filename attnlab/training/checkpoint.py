@@ -10,6 +10,7 @@ and cleared by the next save. The newest `keep_last` checkpoints are kept.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -36,11 +37,15 @@ def _fsync_dir(path: Path) -> None:
 
 def save_model(model, directory: Path) -> None:
     """Hugging Face layout when the model's family and head are known, else our own tensor names."""
+    from ..config import ConfigError
     from ..interop.hf import FAMILIES, save_pretrained
     family = FAMILIES.get(model.config.model_type)
     if family is not None and model.hf_architecture in family.architectures:
-        save_pretrained(model, directory)
-        return
+        try:
+            save_pretrained(model, directory)
+            return
+        except ConfigError:  # a switch the family's layout cannot express: keep our own names
+            pass
     from safetensors.torch import save_file
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -52,7 +57,39 @@ def save_model(model, directory: Path) -> None:
         else:
             seen[ptr] = k
     save_file(tensors, str(directory / RAW_WEIGHTS), metadata={"format": "pt"})
-    model.config.save(directory / "attnlab_config.json")
+    native = model.config.to_dict()
+    native["extra"] = {**native["extra"], "attnlab_class": type(model).__name__}
+    (directory / "attnlab_config.json").write_text(json.dumps(native, indent=2) + "\n")
+
+
+def native_classes() -> dict[str, type]:
+    """Every model class `attnlab_config.json` may name."""
+    from .. import heads
+    from ..models.base import Model
+    found: dict[str, type] = {}
+    todo = [Model]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.setdefault(sub.__name__, sub)
+            todo.append(sub)
+    return found
+
+
+def load_native(directory: Path, extra: dict | None = None):
+    """A model saved in attnlab's own layout (attnlab_config.json + attnlab_state.safetensors)."""
+    from ..config import ModelConfig
+    from ..models import decoder, seq2seq  # noqa: F401  (register their classes as Model subclasses)
+    path = directory / "attnlab_config.json"
+    data = json.loads(path.read_text())
+    name = data.get("extra", {}).pop("attnlab_class", "Encoder")
+    cfg = ModelConfig.from_dict(data, source=str(path))
+    cfg.extra.update(extra or {})
+    classes = native_classes()
+    if name not in classes:
+        raise ValueError(f"{path}: unknown model class {name!r}")
+    model = classes[name](cfg)
+    load_model_weights(model, directory)
+    return model
 
 
 def load_model_weights(model, directory: Path) -> None:

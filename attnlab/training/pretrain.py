@@ -202,4 +202,12 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
         tokenizer.save(Path(cfg.train.output_dir) / "tokenizer")
     trainer = Trainer(model, cfg.train, train, loss_fn=objective.loss, eval_data=eval_data,
                       metrics_fn=objective.metrics)
-    return trainer.train()
+    metrics = trainer.train()
+    if rank == 0:
+        # OUTPUT/model: weights + config + tokenizer in one directory, which every command takes as
+        # MODEL (generate, viz, finetune, info) without digging through checkpoints/
+        from .checkpoint import save_model
+        final = Path(cfg.train.output_dir) / "model"
+        save_model(model, final)
+        tokenizer.save(final)
+    return metrics
