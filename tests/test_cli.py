@@ -71,3 +71,11 @@ def test_embed_names_the_undecodable_line(tmp_path, minilm):
     assert "line 3 is not valid UTF-8" in out.stderr and "Traceback" not in out.stderr
     out = run_cli("embed", str(minilm), "--input", str(tmp_path), "--output", str(tmp_path / "v.npy"))
     assert out.returncode != 0 and "is a directory" in out.stderr
+
+
+def test_info_on_an_encoder_decoder(capsys):
+    # t5-small: 60,506,624 parameters, as the T5 paper's "Small" (one shared token embedding, tied head)
+    assert main(["info", "t5-small", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: 60,506,624" in out.splitlines()
+    assert "decoder layers: 6 ×" in out and "cross-attention" in out

@@ -55,6 +55,8 @@ def _factorized(backbone: nn.Module) -> str:
 
 def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
     """(component, parameters) rows for a backbone or a wrapper; the rows add up to the total."""
+    if isinstance(getattr(model, "encoder", None), nn.Module) and isinstance(getattr(model, "decoder", None), nn.Module):
+        return _seq2seq_breakdown(model)
     backbone = getattr(model, "backbone", model)
     rows: list[tuple[str, int]] = [("embeddings" + _factorized(backbone), count(backbone.embeddings))]
     for extra in ("rope", "relative_bias"):
@@ -191,3 +193,23 @@ def describe(model: nn.Module, seq_len: int = 128, title: str = "", walkthrough:
                  f"{human(per_layer * cfg.num_layers)}FLOP per forward pass of {seq_len} tokens "
                  f"(≈ 2 × non-embedding parameters × tokens + attention)")
     return "\n".join(lines)
+
+
+def _seq2seq_breakdown(model: nn.Module) -> list[tuple[str, int]]:
+    """Encoder rows, decoder rows, output projection; a tensor shared between them counts once, where
+    it first appears (the token embedding of a shared-vocabulary model, a tied output projection)."""
+    seen = {id(p) for p in model.encoder.parameters()}
+    rows = [(f"encoder {name}", n) for name, n in parameter_breakdown(model.encoder)]
+    for name, n in parameter_breakdown(model.decoder):
+        if name.startswith("embeddings") and id(model.decoder.embeddings.tok.weight) in seen:
+            n = sum(p.numel() for p in model.decoder.embeddings.parameters() if id(p) not in seen)
+            name += " (token embedding shared with the encoder)"
+        rows.append((f"decoder {name}", n))
+    seen |= {id(p) for p in model.decoder.parameters()}
+    for name, child in model.named_children():
+        if child is model.encoder or child is model.decoder:
+            continue
+        own = sum(p.numel() for p in {id(p): p for p in child.parameters()}.values() if id(p) not in seen)
+        seen |= {id(p) for p in child.parameters()}
+        rows.append((f"{name}" + (" (tied to the token embedding)" if own < count(child) else ""), own))
+    return rows

@@ -111,10 +111,13 @@ def explain_model(model: nn.Module, seq_len: int, bytes_per: int = 4) -> Explana
     """The walkthrough plus totals for a model (a meta-device skeleton is enough)."""
     cfg: ModelConfig = model.config
     ex = explain_config(cfg, seq_len, bytes_per)
-    backbone = getattr(model, "backbone", model)
     ex.total_params = count(model)
-    ex.embedding_params = count(backbone.embeddings)
-    ex.layer_params = count(nn.ModuleList(backbone.layers))
+    if isinstance(getattr(model, "encoder", None), nn.Module) and isinstance(getattr(model, "decoder", None), nn.Module):
+        stacks = [model.encoder, model.decoder]  # an encoder-decoder: both stacks' embeddings and layers
+    else:
+        stacks = [getattr(model, "backbone", model)]
+    ex.embedding_params = count(nn.ModuleList(s.embeddings for s in stacks))
+    ex.layer_params = count(nn.ModuleList(layer for s in stacks for layer in s.layers))
     ex.other_params = ex.total_params - ex.embedding_params - ex.layer_params
     # a head that maps to the vocabulary is one (n×d)@(d×V) matmul; other heads are small
     if getattr(model, "lm_head", None) is not None or getattr(model, "mlm", None) is not None:
