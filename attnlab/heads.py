@@ -181,16 +181,22 @@ def _head_dropout(config: ModelConfig) -> nn.Dropout:
     return nn.Dropout(config.dropout if p is None else p)
 
 
-class SequenceClassification(_WithBackbone):
-    """Encoder + dropout + linear on the pooled [CLS] vector: BertForSequenceClassification (BERT §4.1).
-    One output with MSE loss for regression (STS-B), else cross-entropy over `num_labels` classes."""
-    hf_architecture = "BertForSequenceClassification"
+class _Classifier(_WithBackbone):
+    """Backbone + dropout + one linear layer onto `num_labels` outputs (BERT §4: "just one additional
+    output layer"); subclasses choose which hidden states it reads."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.dropout = _head_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, num_labels(config))
         self.init_weights()
+
+
+class SequenceClassification(_Classifier):
+    """Encoder + dropout + linear on the pooled [CLS] vector: BertForSequenceClassification (BERT §4.1).
+    One output with MSE loss for regression (STS-B), else cross-entropy over `num_labels` classes."""
+    hf_architecture = "BertForSequenceClassification"
+
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
@@ -208,17 +214,12 @@ class SequenceClassification(_WithBackbone):
         return out
 
 
-class TokenClassification(_WithBackbone):
+class TokenClassification(_Classifier):
     """Encoder + dropout + linear on every token: BertForTokenClassification (NER, BERT §5.3).
     Labels of -100 (padding, non-first sub-tokens, specials) are left out of the loss."""
     hf_architecture = "BertForTokenClassification"
     uses_pooler = False
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        self.dropout = _head_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, num_labels(config))
-        self.init_weights()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,

@@ -12,7 +12,7 @@ Both networks are our `Encoder` with BERT's blocks: ELECTRA changes the objectiv
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import _BERT_RENAMES, Family, Row, config_from_mapping, hf_activation, register
+from .hf import BERT_BACKBONE, _BERT_RENAMES, Family, Row, config_from_mapping, hf_activation, register
 
 _RENAMES = dict(_BERT_RENAMES, embedding_size="embedding_size")
 _ACT_BACK = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
@@ -44,20 +44,10 @@ def electra_config_to_hf(cfg: ModelConfig) -> dict:
     return out
 
 
-ELECTRA_BACKBONE: list[Row] = [
-    ("embeddings.tok", "embeddings.word_embeddings"),
-    ("embeddings.pos", "embeddings.position_embeddings"),
-    ("embeddings.seg", "embeddings.token_type_embeddings"),
-    ("embeddings.norm", "embeddings.LayerNorm"),
+# BERT's names for embeddings and blocks, plus the projection from the factorized embedding size E to
+# H (Clark et al. 2020, §3.2: the generator shares the discriminator's embeddings); no pooler.
+ELECTRA_BACKBONE: list[Row] = [row for row in BERT_BACKBONE if row[0] != "pooler.dense"] + [
     ("embeddings.project", "embeddings_project"),
-    ("layers.{i}.attn.q", "encoder.layer.{i}.attention.self.query"),
-    ("layers.{i}.attn.k", "encoder.layer.{i}.attention.self.key"),
-    ("layers.{i}.attn.v", "encoder.layer.{i}.attention.self.value"),
-    ("layers.{i}.attn.o", "encoder.layer.{i}.attention.output.dense"),
-    ("layers.{i}.attn_norm", "encoder.layer.{i}.attention.output.LayerNorm"),
-    ("layers.{i}.ffn.up", "encoder.layer.{i}.intermediate.dense"),
-    ("layers.{i}.ffn.down", "encoder.layer.{i}.output.dense"),
-    ("layers.{i}.ffn_norm", "encoder.layer.{i}.output.LayerNorm"),
 ]
 ELECTRA_DISCRIMINATOR: list[Row] = [
     ("rtd.dense", "discriminator_predictions.dense"),
