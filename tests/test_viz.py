@@ -163,3 +163,21 @@ def test_cli_writes_page_and_pngs(minilm, tmp_path, capsys):
     assert "layer 9 does not exist" in capsys.readouterr().err
     assert main(["viz", str(minilm), "--text", " ", "--output", str(out)]) == 1
     assert "--text is empty" in capsys.readouterr().err
+
+
+def test_cli_page_for_an_encoder_decoder(tmp_path, minilm):
+    """`attnlab viz` on a seq2seq model directory shows decoder self- and cross-attention, for a given
+    target (--text-b) or for the model's own greedy output."""
+    from attnlab.config import preset
+    from attnlab.models.seq2seq import Seq2SeqLM
+    from attnlab.training.checkpoint import save_model
+    torch.manual_seed(0)
+    model = Seq2SeqLM(preset("transformer-base", vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, pad_token_id=0)).eval()
+    save_model(model, tmp_path / "mt")
+    attnlab.load_tokenizer(minilm).save(tmp_path / "mt")
+    for extra in ([], ["--text-b", "ein mann"]):
+        out = tmp_path / f"page{len(extra)}.html"
+        assert main(["viz", str(tmp_path / "mt"), "--text", "a man rides a bike", *extra, "--output", str(out)]) == 0
+        page = out.read_text()
+        assert '"cross"' in page and "rides" in page

@@ -38,8 +38,11 @@ def run(args: argparse.Namespace) -> int:
     model = attnlab.load(args.model)
     tokenizer = attnlab.load_tokenizer(args.model)
     title = "/".join(Path(str(args.model)).parts[-2:])  # "minilm", or the last two parts of a path
-    data = extract_text(model, tokenizer, args.text, args.text_b, neuron=True, neuron_fallback=max(args.layer, 0),
-                        title=title)
+    if hasattr(model, "encoder") and hasattr(model, "decoder"):
+        data = seq2seq_data(model, tokenizer, args.text, args.text_b, title)
+    else:
+        data = extract_text(model, tokenizer, args.text, args.text_b, neuron=True,
+                            neuron_fallback=max(args.layer, 0), title=title)
     page = write_page(args.output, render_page(data, view=args.view, layer=args.layer, head=args.head))
     print(f"wrote {page} ({page.stat().st_size / 1e3:.0f} kB, {len(data.tokens)} tokens, "
           f"{data.num_layers} layers × {data.num_heads} heads); open it in any browser")
@@ -49,3 +52,23 @@ def run(args: argparse.Namespace) -> int:
                                  head=args.head or 0):
             print(f"wrote {png}")
     return 0
+
+
+def seq2seq_data(model, tokenizer, source: str, target: str | None, title: str):
+    """An encoder-decoder: the decoder's self- and cross-attention for `target` (--text-b), or, without
+    one, for the model's own greedy output on `source` (--text)."""
+    import torch
+
+    from ..inference.seq2seq import generate
+    from ..viz.attention import extract_seq2seq
+    if not source or not source.strip():
+        raise ValueError("--text is empty: give the source sentence to look inside")
+    src = tokenizer(source, return_tensors="pt")
+    start = torch.tensor([[model.decoder_start_token_id]])
+    if target is None:
+        with torch.inference_mode():
+            dec = generate(model, src["input_ids"], max_new_tokens=48)
+    else:
+        dec = torch.cat([start, tokenizer(target, return_tensors="pt")["input_ids"]], dim=1)
+    target_tokens = ["<start>"] + tokenizer.convert_ids_to_tokens(dec[0, 1:].tolist())
+    return extract_seq2seq(model, src["input_ids"], dec, src.tokens(0), target_tokens, title=title)
