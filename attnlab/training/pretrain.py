@@ -208,6 +208,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
         # MODEL (generate, viz, finetune, info) without digging through checkpoints/
         from .checkpoint import save_model
         final = Path(cfg.train.output_dir) / "model"
-        save_model(model, final)
+        if hasattr(model, "discriminator"):  # ELECTRA keeps the discriminator (+ model/generator)
+            model.save(final)
+        else:
+            save_model(model, final)
         tokenizer.save(final)
     return metrics

@@ -41,6 +41,7 @@ from .optim import SCHEDULES, build_optimizer
 class TrainArgs:
     output_dir: str = "runs/run"
     max_steps: int = 1000
+    max_minutes: float = 0.0           # 0 = no limit; else stop (with a checkpoint) after this much training time
     grad_accum: int = 1                # micro-batches per optimizer step (per process)
     lr: float = 1e-4
     min_lr_ratio: float = 0.0
@@ -294,8 +295,19 @@ class Trainer:
                 if metrics:
                     self._log({"step": self.step, **{k: round(v, 6) for k, v in metrics.items()}})
                     bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-            if (args.save_every and self.step % args.save_every == 0) or self.step == stop:
+            out_of_time = False
+            if args.max_minutes > 0:  # every rank takes part, so all of them stop at the same step
+                late = float(time.perf_counter() - start >= args.max_minutes * 60)
+                out_of_time = self._mean_over_ranks(late) > 0
+            if (args.save_every and self.step % args.save_every == 0) or self.step == stop or out_of_time:
                 self.save()
+            if out_of_time and self.step < stop:
+                bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached")
+                if not (args.eval_every and self.step % args.eval_every == 0):
+                    metrics = self.evaluate()
+                    if metrics:
+                        self._log({"step": self.step, **{k: round(v, 6) for k, v in metrics.items()}})
+                break
         bar.close()
         return self.last_eval
 
