@@ -4,9 +4,17 @@
         model/          config.json + model.safetensors in the Hugging Face layout (`attnlab.load` reads it)
         trainer.pt      optimizer, scheduler, step, and per rank: RNG states and data position
 
-A checkpoint is assembled in a hidden temporary directory and renamed into place in one step, so a
-crash leaves either the previous checkpoints alone or a complete new one; temporaries are ignored
-and cleared by the next save. The newest `keep_last` checkpoints are kept.
+A checkpoint is assembled in a hidden temporary directory (`.tmp-step-N-PID`), every file and the
+directory fsynced, and renamed into place in one step, so a crash (even SIGKILL) leaves either the
+previous checkpoints alone or a complete new one; temporaries are ignored by `list_checkpoints` and
+cleared by the next save. The newest `keep_last` checkpoints are kept: an old one is first renamed
+out of sight (`.tmp-old-…`), then deleted, and the one just written is never pruned. A failed write
+(a full disk) removes its temporary and raises `CheckpointWriteError` naming the checkpoint, the
+cause and the last good checkpoint, which is left as it was.
+
+Test hook (used by tests/reliability/test_training_faults.py): with ATTNLAB_TEST_CHECKPOINT_PAUSE=
+"STEP:SECONDS" the save of step STEP sleeps that long after the temporary is complete and before the
+rename, so a test can kill the process in the middle of a checkpoint write deterministically.
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -118,24 +127,60 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the previous ones are untouched."""
+
+
+def _fsync_tree(directory: Path) -> None:
+    for sub, _, files in os.walk(directory):
+        for name in files:
+            with open(os.path.join(sub, name), "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(Path(sub))
+
+
+def _remove(path: Path, root: Path) -> None:
+    """Rename out of sight first (atomic), then delete: a kill mid-delete never leaves a step-N
+    directory that looks finished but is missing files."""
+    doomed = root / f".tmp-old-{path.name}-{os.getpid()}"
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _test_pause(step: int) -> None:
+    hook = os.environ.get("ATTNLAB_TEST_CHECKPOINT_PAUSE", "")
+    if hook and int(hook.split(":")[0]) == step:
+        time.sleep(float(hook.split(":")[1]))
+
+
 def save_checkpoint(output_dir: Path, step: int, model, state: dict, keep_last: int) -> Path:
     root = Path(output_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".tmp-step-*"):  # left by a run killed while saving
+    for stale in root.glob(".tmp-*"):  # left by a run killed while saving or pruning
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    save_model(model, tmp / "model")
-    torch.save(state, tmp / "trainer.pt")
-    with open(tmp / "trainer.pt", "rb") as fh:
-        os.fsync(fh.fileno())
-    if final.exists():  # the same step saved again (e.g. the final step after a resume)
-        shutil.rmtree(final)
+    try:
+        save_model(model, tmp / "model")
+        torch.save(state, tmp / "trainer.pt")
+        _fsync_tree(tmp)
+    except OSError as err:  # e.g. ENOSPC: free what was written, keep every finished checkpoint
+        shutil.rmtree(tmp, ignore_errors=True)
+        good = list_checkpoints(output_dir)
+        last = f"the last good checkpoint, {good[-1]}, is intact" if good else "no earlier checkpoint exists"
+        failure = CheckpointWriteError(f"could not write checkpoint {final}: {err.strerror or err}; {last}")
+        failure.errno = err.errno
+        raise failure from err
+    _test_pause(step)
+    if final.exists():  # the same step saved again (e.g. a new run in an old directory)
+        _remove(final, root)
     os.replace(tmp, final)
     _fsync_dir(root)
     if keep_last > 0:
-        for old in list_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        finished = [p for p in list_checkpoints(output_dir) if p != final]
+        for old in finished[:max(len(finished) - (keep_last - 1), 0)]:
+            _remove(old, root)
+        _fsync_dir(root)
     return final
 
 

@@ -13,6 +13,12 @@ asked) and backward of loss / grad_accum; clip the global gradient norm; AdamW s
 Every `log_every` steps a line goes to OUTPUT/metrics.jsonl ({"step", "loss", "lr", "tokens_per_s",
 "elapsed_s"}); every `eval_every` steps the held-out batches are scored (keys "eval_*").
 
+A non-finite loss (or gradient norm, when clipping) is caught before the optimizer step, so the
+weights are never touched by it: with `nan_policy="stop"` (default) the run stops with an error
+naming the step and the last good checkpoint; with `nan_policy="skip"` the step is skipped (no
+weight or AdamW-moment update; the step count and learning-rate schedule still advance), logged as
+{"step", "skipped", "skipped_steps"} and printed, until more than `max_skips` have been skipped.
+
 Exact resume: a checkpoint holds weights, optimizer, scheduler, step, RNG states and the data position
 (`train_data.state_dict()` when the iterable has one, else the number of batches consumed, which are
 skipped on resume). Under `torchrun` the model is wrapped in DistributedDataParallel (gloo on CPU,
@@ -61,6 +67,8 @@ class TrainArgs:
     resume: bool = False
     progress: bool = True
     device: str = "auto"               # auto | cpu | cuda
+    nan_policy: str = "stop"           # stop | skip: what a non-finite loss or gradient norm does
+    max_skips: int = 10                # nan_policy=skip: stop once more steps than this were skipped
 
     def validate(self) -> None:
         def positive(name):
@@ -74,6 +82,10 @@ class TrainArgs:
             raise ValueError(f"train.precision={self.precision!r}: expected fp32 or bf16")
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must not be negative")
+        if self.nan_policy not in ("stop", "skip"):
+            raise ValueError(f"train.nan_policy={self.nan_policy!r}: expected stop or skip")
+        if self.max_skips < 0:
+            raise ValueError(f"train.max_skips={self.max_skips} must not be negative")
 
 
 def distributed_context() -> tuple[int, int, int]:
@@ -117,6 +129,7 @@ class Trainer:
             min_lr_ratio=args.min_lr_ratio)
         self.step = 0
         self.batches_seen = 0
+        self.skips = 0                 # steps skipped for a non-finite loss (nan_policy=skip)
         self.last_eval: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------ helpers
@@ -170,9 +183,9 @@ class Trainer:
             dist.all_gather_object(ranks, mine)
         else:
             ranks = [mine]
-        return {"step": self.step, "batches_seen": self.batches_seen, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "ranks": ranks, "world_size": self.world,
-                "args": asdict(self.args)}
+        return {"step": self.step, "batches_seen": self.batches_seen, "skips": self.skips,
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "ranks": ranks,
+                "world_size": self.world, "args": asdict(self.args)}
 
     def save(self) -> Path | None:
         state = self.state_dict()  # a collective under DDP: every rank takes part
@@ -195,6 +208,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.batches_seen = state["step"], state["batches_seen"]
+        self.skips = state.get("skips", 0)
         mine = state["ranks"][self.rank]
         torch.set_rng_state(mine["torch_rng"])
         if mine["cuda_rng"] is not None:
@@ -202,10 +216,30 @@ class Trainer:
         if hasattr(self.train_data, "load_state_dict"):
             self.train_data.load_state_dict(mine["data"])
         if self.is_main and (self.output / "metrics.jsonl").exists():  # drop lines logged after the checkpoint
-            lines = (self.output / "metrics.jsonl").read_text().splitlines()
-            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= self.step]
-            (self.output / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+            from ..interop.hf import atomic_write
+            kept = [line for line in (self.output / "metrics.jsonl").read_text().splitlines()
+                    if _logged_by(line, self.step)]
+            atomic_write(self.output / "metrics.jsonl",
+                         lambda tmp: Path(tmp).write_text("".join(line + "\n" for line in kept)))
         return True
+
+    def _non_finite(self, loss: float, norm: torch.Tensor | None, bar) -> None:
+        """Called before the optimizer step of step `self.step + 1`: stop, or count a skip."""
+        step, args = self.step + 1, self.args
+        what = f"loss became {loss}" if not math.isfinite(loss) else f"gradient norm became {float(norm)}"
+        if args.nan_policy == "skip" and self.skips < args.max_skips:
+            self.skips += 1
+            self._log({"step": step, "skipped": what, "skipped_steps": self.skips})
+            if self.is_main:
+                bar.write(f"step {step}: {what}; step skipped ({self.skips} of train.max_skips={args.max_skips})")
+            return
+        found = list_checkpoints(self.output)
+        last = f"last good checkpoint: {found[-1]}" if found else "no checkpoint was written yet"
+        plural = "s" if self.skips != 1 else ""
+        why = f" after {self.skips} skipped step{plural} (train.max_skips={args.max_skips})" if self.skips else ""
+        raise FloatingPointError(f"{what} at step {step}{why}; stopped before updating the weights; {last}. "
+                                 "Lower train.lr or check the data, then resume (train.resume=true); "
+                                 "train.nan_policy=skip skips such steps")
 
     # ------------------------------------------------------------------------------------ loops
     @torch.no_grad()
@@ -269,20 +303,21 @@ class Trainer:
                         loss, _ = self._call_loss(forward, batch)
                     (loss / args.grad_accum).backward()
                 loss_sum += float(loss.detach())
-            if args.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm)
+            loss_value = self._mean_over_ranks(loss_sum / args.grad_accum)  # the same on every rank
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm) \
+                if args.clip_norm > 0 else None
             lr = self.optimizer.param_groups[0]["lr"]
-            self.optimizer.step()
+            skipped = not math.isfinite(loss_value) or (norm is not None and not bool(torch.isfinite(norm)))
+            if skipped:
+                self._non_finite(loss_value, norm, bar)  # raises unless the step is to be skipped
+            else:
+                self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
 
-            loss_value = self._mean_over_ranks(loss_sum / args.grad_accum)
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"loss became {loss_value} at step {self.step}; lower train.lr or "
-                                         "check the data")
             bar.update(1)
-            if self.step % args.log_every == 0 or self.step == args.max_steps:
+            if not skipped and (self.step % args.log_every == 0 or self.step == args.max_steps):
                 now = time.perf_counter()
                 tps = self._mean_over_ranks(tokens_since / max(now - t_log, 1e-9)) * self.world
                 tokens_since, t_log = 0, now
@@ -309,7 +344,18 @@ class Trainer:
                         self._log({"step": self.step, **{k: round(v, 6) for k, v in metrics.items()}})
                 break
         bar.close()
+        if self.skips and self.is_main:
+            print(f"skipped {self.skips} steps with a non-finite loss or gradient (train.nan_policy=skip)",
+                  file=sys.stderr)
         return self.last_eval
+
+
+def _logged_by(line: str, step: int) -> bool:
+    """A metrics.jsonl line written at or before `step` (a line torn by a kill is dropped)."""
+    try:
+        return json.loads(line)["step"] <= step
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _count_tokens(batch: dict) -> int:
