@@ -4,6 +4,11 @@ Overrides are dotted key=value pairs; unknown keys are errors. The same command 
 under torchrun (DDP; gloo on CPU, nccl on CUDA). Outputs go to train.output_dir: metrics.jsonl,
 config.yaml, tokenizer/, checkpoints/step-N/{model,trainer.pt}.
 
+Checkpoints are written atomically, so a run killed at any moment resumes exactly with --resume. A
+checkpoint that cannot be written (e.g. a full disk) or a NaN/inf loss stops the run with one line
+naming the checkpoint or step and the last good checkpoint (exit status 1); train.nan_policy=skip
+skips such steps instead (at most train.max_skips, counted in metrics.jsonl).
+
 examples:
   attnlab pretrain --config configs/pretrain-bert-mini.yaml train.max_steps=200
   attnlab pretrain --config configs/pretrain-gpt-shakespeare-char.yaml --resume
