@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,39 @@ NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh")  # geglu_tanh: T5 v1.1 "gated-gelu"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def type_mismatch(value: Any, annotation: Any) -> str | None:
+    """None if `value` fits the dataclass field annotation (a string such as "int | None"), else what it
+    should be. A float field takes an int; bool is not a number; floats must be finite."""
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if value is None and "None" in kinds:
+        return None
+    base, _, inner = kinds[0].partition("[")
+    if base == "bool":
+        ok, want = isinstance(value, bool), "true or false"
+    elif base == "int":
+        ok, want = type(value) is int, "an integer"
+    elif base == "float":
+        ok, want = type(value) in (int, float) and math.isfinite(value), "a finite number"
+    elif base == "str":
+        ok, want = isinstance(value, str), "a string"
+    elif base == "list":
+        ok = isinstance(value, list) and (inner != "str]" or all(isinstance(v, str) for v in value))
+        want = "a list of strings" if inner == "str]" else "a list"
+    elif base == "dict":
+        ok, want = isinstance(value, dict) and all(isinstance(k, str) for k in value), "a mapping with string keys"
+    else:  # Any, or a type with no rule here: not checked
+        return None
+    if ok:
+        return None
+    return want + (" or null" if "None" in kinds else "")
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """repr(value), cut short: a message names a bad value without reprinting a whole file."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass
@@ -105,22 +139,22 @@ class ModelConfig:
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
-            return ConfigError(f"config: {name}={getattr(self, name)!r} {why}")
+            return ConfigError(f"config: {name}={_show(getattr(self, name))} {why}")
 
+        self._check_types()
         for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
                               ("activation", ACTIVATIONS), ("attn_implementation", ATTN_IMPLEMENTATIONS)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"is not one of {', '.join(allowed)}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                      "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if getattr(self, name) <= 0:
                 raise bad(name, "must be a positive integer")
         for name in ("num_kv_heads", "head_dim", "embedding_size", "sliding_window"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            if value is not None and value <= 0:
                 raise bad(name, "must be a positive integer or null")
-        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+        if self.type_vocab_size < 0:
             raise bad("type_vocab_size", "must be a non-negative integer")
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"config: num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
@@ -128,23 +162,36 @@ class ModelConfig:
             raise ConfigError(f"config: num_kv_heads={self.kv_heads} does not divide num_heads={self.num_heads} "
                               "(each key/value head serves a whole group of query heads)")
         for name in ("dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            if not 0.0 <= getattr(self, name) < 1.0:
                 raise bad(name, "must be a probability in [0, 1)")
         for name in ("norm_eps", "rope_theta", "initializer_range"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            if getattr(self, name) <= 0:
                 raise bad(name, "must be a positive number")
-        if not isinstance(self.share_layers, bool):
-            raise bad("share_layers", "must be true or false")
-        if not isinstance(self.scale_embeddings, bool):
-            raise bad("scale_embeddings", "must be true or false")
+        if self.attention_scale is not None and self.attention_scale <= 0:
+            raise bad("attention_scale", "must be a positive number or null")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise bad("pad_token_id", f"is outside the vocabulary (vocab_size={self.vocab_size})")
-        if self.position == "relative_bias" and self.relative_num_buckets < 2:
-            raise bad("relative_num_buckets", "must be at least 2")
+        for name in ("bos_token_id", "eos_token_id"):  # may lie outside (tiny test configs keep GPT-2's 50256)
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise bad(name, "must be a non-negative integer or null")
+        if self.position == "relative_bias":
+            if self.relative_num_buckets < 4:
+                raise bad("relative_num_buckets", "must be at least 4 (half the buckets for each direction, "
+                                                  "half of those exact)")
+            if self.relative_max_distance <= self.relative_num_buckets // 2:
+                raise bad("relative_max_distance", f"must exceed relative_num_buckets // 2 "
+                                                   f"({self.relative_num_buckets // 2}): the exact buckets")
+        if self.causal and self.tie_word_embeddings and self.emb_size != self.hidden_size:
+            raise bad("embedding_size", f"must equal hidden_size={self.hidden_size} in a causal LM whose output "
+                                        "projection is tied to the embeddings (or set tie_word_embeddings: false)")
         if self.position == "rope" and self.dim_head % 2:
             raise bad("head_dim", "must be even for RoPE (dimensions rotate in pairs)")
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            want = type_mismatch(getattr(self, f.name), f.type)
+            if want:
+                raise ConfigError(f"config: {f.name}={_show(getattr(self, f.name))} must be {want}")
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +203,7 @@ class ModelConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a mapping of field names to values, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in data if k not in names)
+        unknown = sorted((k for k in data if k not in names), key=str)
         if unknown:
             raise ConfigError(f"{source}: unknown key {unknown[0]!r}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
                               + f"; known keys: {', '.join(sorted(names))}")
@@ -238,7 +285,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """A named config, optionally with some fields changed: `preset("bert-mini", num_layers=2)`."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ConfigError(f"unknown preset {_show(name)}; presets: {', '.join(sorted(PRESETS))}")
     # deep copy: a preset's `extra` dict must not be shared with (and mutated through) the configs built from it
     return ModelConfig.from_dict({**copy.deepcopy(PRESETS[name]), **overrides}, source=f"preset {name}")

@@ -80,21 +80,38 @@ class GGUFFile:
             for _ in range(n_tensors):
                 name = self._string()
                 (n_dims,) = self._take("<I")
+                if not 1 <= n_dims <= self.MAX_DIMS:
+                    raise CheckpointError(f"{path}: tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to "
+                                          f"{self.MAX_DIMS}): damaged file")
                 dims = list(self._take(f"<{n_dims}Q"))
                 kind, offset = self._take("<IQ")
                 self.tensors.append((name, dims, kind, offset))
-        except (struct.error, UnicodeDecodeError, IndexError) as err:
+        except (struct.error, UnicodeDecodeError, IndexError, ValueError) as err:
+            if isinstance(err, CheckpointError):
+                raise
             raise CheckpointError(f"{path}: damaged or truncated GGUF header ({err})") from None
-        align = int(self.meta.get("general.alignment", 32))
+        align = self.meta.get("general.alignment", 32)
+        if type(align) is not int or align <= 0 or align & (align - 1):
+            raise CheckpointError(f"{path}: general.alignment={align!r} is not a power of two")
         self.data_start = (self.pos + align - 1) // align * align
 
+    MAX_DIMS = 4  # GGML_MAX_DIMS
+
+    def _need(self, n: int) -> None:
+        """Bounds check: `n` more bytes must lie inside the file."""
+        if n < 0 or self.pos + n > len(self.buf):
+            raise CheckpointError(f"{self.path}: truncated GGUF file (needs {n} bytes at offset {self.pos}, "
+                                  f"the file has {len(self.buf)})")
+
     def _take(self, fmt: str) -> tuple:
+        self._need(struct.calcsize(fmt))
         values = struct.unpack_from(fmt, self.mv, self.pos)
         self.pos += struct.calcsize(fmt)
         return values
 
     def _string(self) -> str:
         (n,) = self._take("<Q")
+        self._need(n)
         text = bytes(self.mv[self.pos:self.pos + n]).decode("utf-8")
         self.pos += n
         return text
@@ -108,23 +125,33 @@ class GGUFFile:
             inner, count = self._take("<IQ")
             if inner in self._NUMPY:  # numeric arrays in one read
                 dtype = np.dtype(self._NUMPY[inner])
+                self._need(count * dtype.itemsize)
                 arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
                 self.pos += count * dtype.itemsize
                 return arr.tolist()
             return [self._value(inner) for _ in range(count)]
         raise CheckpointError(f"{self.path}: unknown GGUF value type {kind}")
 
-    def tensor_bytes(self, dims: list[int], kind: int, offset: int) -> np.ndarray:
-        """Raw bytes of a tensor as (rows, bytes per row)."""
+    def tensor_bytes(self, name: str, dims: list[int], kind: int, offset: int) -> np.ndarray:
+        """Raw bytes of a tensor as (rows, bytes per row), after checking they lie inside the file."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
         try:
             block, size = GGML_QUANT_SIZES[Q(kind)]
-        except ValueError:
-            raise CheckpointError(f"{self.path}: unknown GGML tensor type {kind}") from None
-        rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+        except (ValueError, KeyError):
+            raise CheckpointError(f"{self.path}: tensor {name!r} has unknown GGML tensor type {kind}") from None
+        if dims[0] % block:
+            raise CheckpointError(f"{self.path}: tensor {name!r}: row length {dims[0]} is not a multiple of the "
+                                  f"{Q(kind).name} block size {block}")
+        rows = 1
+        for d in dims[1:]:
+            rows *= int(d)
         row_bytes = dims[0] // block * size
         start = self.data_start + offset
-        return self.buf[start:start + rows * row_bytes].reshape(rows, row_bytes)
+        end = start + rows * row_bytes
+        if end > len(self.buf):
+            raise CheckpointError(f"{self.path}: tensor {name!r} (shape {list(reversed(dims))}, {Q(kind).name}) "
+                                  f"needs bytes {start}..{end}, the file has {len(self.buf)}: truncated or damaged")
+        return self.buf[start:end].reshape(rows, row_bytes)
 
 
 @functools.lru_cache(maxsize=4)
@@ -142,6 +169,15 @@ def metadata(path: str | Path) -> dict:
 
 
 def config_from_gguf(meta: dict, source: str = "gguf") -> ModelConfig:
+    try:
+        return _config_from_gguf(meta, source)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError) as err:  # e.g. a string where a size belongs
+        raise ConfigError(f"{source}: metadata value of the wrong type ({err})") from None
+
+
+def _config_from_gguf(meta: dict, source: str) -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(f"{source}: general.architecture={arch!r} is not supported; "
@@ -188,7 +224,7 @@ def gguf_config(path: str | Path) -> ModelConfig:
 def _dequantize(reader: GGUFFile, name: str, dims: list[int], kind_id: int, offset: int) -> np.ndarray:
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
-    raw = reader.tensor_bytes(dims, kind_id, offset)
+    raw = reader.tensor_bytes(name, dims, kind_id, offset)
     kind = Q(kind_id)
     shape = [int(d) for d in reversed(dims)]
     if kind in (Q.F32, Q.F16, Q.F64):

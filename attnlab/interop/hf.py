@@ -240,24 +240,96 @@ def read_json(path: Path) -> dict:
     return data
 
 
+# safetensors dtype -> bytes per element (sub-byte float formats are left to the library's own check)
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
+                      "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+                      "C64": 8, "F64": 8, "I64": 8, "U64": 8, "F4": None, "F6_E2M3": None, "F6_E3M2": None}
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024  # the format's own limit
+
+
+def check_safetensors(path: Path) -> None:
+    """Check a safetensors header against the file before any tensor is read: every dtype known, every
+    shape a list of non-negative integers, every byte range inside the file and of the size its shape
+    and dtype need. The error names the file and the tensor (the library's own errors name neither)."""
+    import struct
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, MAX_SAFETENSORS_HEADER):
+                raise CheckpointError(f"{path}: safetensors header length {n} exceeds the file ({size} bytes): "
+                                      "truncated or not a safetensors file")
+            raw = fh.read(n)
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header must be a JSON object, got {type(header).__name__}")
+    data_len = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{path}: tensor {name!r}"
+        if not isinstance(info, dict):
+            raise CheckpointError(f"{where}: header entry must be an object, got {type(info).__name__}")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"{where}: unknown dtype {dtype!r}; known: {', '.join(SAFETENSORS_DTYPES)}")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{where}: data_offsets {offsets!r} is not a [begin, end] pair with begin <= end")
+        if offsets[1] > data_len:
+            raise CheckpointError(f"{where}: bytes {offsets[0]}..{offsets[1]} lie beyond the end of the data "
+                                  f"({data_len} bytes): the file is truncated or its header is wrong")
+        itemsize = SAFETENSORS_DTYPES[dtype]
+        if itemsize is not None:
+            numel = 1
+            for d in shape:
+                numel *= d
+            if offsets[1] - offsets[0] != numel * itemsize:
+                raise CheckpointError(f"{where}: shape {shape} of {dtype} needs {numel * itemsize} bytes, "
+                                      f"the header gives it {offsets[1] - offsets[0]}")
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file, after `check_safetensors`; any error names the file."""
+    from safetensors.torch import load_file
+    check_safetensors(path)
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types; name the file
+        raise CheckpointError(f"{path}: cannot read safetensors ({first_line(err)})") from None
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error message (torch's unpickling errors run to a page)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def read_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
     """model.safetensors (or a sharded index), else pytorch_model.bin loaded with weights_only=True:
     a pickle can run code on load, so nothing but tensors is accepted."""
-    from safetensors.torch import load_file
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
     if single.exists():
-        try:
-            return load_file(str(single)), single
-        except Exception as err:  # safetensors raises its own error types; name the file
-            raise CheckpointError(f"{single}: cannot read safetensors ({err})") from None
+        return read_safetensors(single), single
     if index.exists():
-        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
+        weight_map = read_json(index).get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
         sd: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            try:
-                sd.update(load_file(str(directory / shard)))
-            except Exception as err:
-                raise CheckpointError(f"{directory / shard}: cannot read safetensors ({err})") from None
+        for shard in sorted(set(weight_map.values())):
+            if Path(shard).name != shard:  # a shard outside the directory ("../x") is not read
+                raise CheckpointError(f"{index}: shard {shard!r} is not a file name inside {directory}")
+            sd.update(read_safetensors(directory / shard))
         return sd, index
     binary = directory / "pytorch_model.bin"
     if binary.exists():
@@ -265,7 +337,10 @@ def read_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
             sd = torch.load(binary, map_location="cpu", weights_only=True)
         except Exception as err:
             raise CheckpointError(f"{binary}: refused or unreadable; only plain tensors are loaded "
-                                  f"(weights_only=True): {err}") from None
+                                  f"(weights_only=True): {first_line(err)}") from None
+        if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                               for k, v in sd.items()):
+            raise CheckpointError(f"{binary}: expected a mapping of tensor names to tensors")
         return sd, binary
     raise FileNotFoundError(f"{directory}: no weights found (looked for model.safetensors, "
                             "model.safetensors.index.json, pytorch_model.bin)")
@@ -273,16 +348,54 @@ def read_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
 
 # ----------------------------------------------------------------------------------- load / save
 def family_of(model_type: str, source: str) -> Family:
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ConfigError(f"{source}: model_type={model_type!r} is not supported; supported: {', '.join(sorted(FAMILIES))}")
     return FAMILIES[model_type]
 
 
+# The type of each config.json key a family reads (the keys it renames to ModelConfig fields are checked
+# there, under the file's own names); null is always allowed (HF writes it for "unset").
+HF_KEY_TYPES = {
+    **dict.fromkeys(("activation", "activation_function", "classifier_activation", "feed_forward_proj", "hidden_act",
+                     "hidden_activation", "position_embedding_type"), "str"),
+    **dict.fromkeys(("add_cross_attention", "attention_bias", "decoder_bias", "is_decoder", "mlp_bias",
+                     "scale_attn_weights", "scale_decoder_outputs", "tie_word_embeddings", "scale_attn_by_inverse_layer_idx",
+                     "reorder_and_upcast_attn"), "bool"),
+    **dict.fromkeys(("embedding_size", "global_attn_every_n_layers", "local_attention", "n_embd", "n_inner",
+                     "n_layer", "n_head", "n_positions", "n_ctx", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "num_layers", "num_heads", "hidden_size", "intermediate_size", "d_model",
+                     "d_ff", "d_kv", "dim", "hidden_dim", "n_layers", "n_heads", "head_dim", "vocab_size",
+                     "max_position_embeddings", "type_vocab_size", "pretraining_tp", "pad_token_id", "bos_token_id",
+                     "eos_token_id", "decoder_start_token_id", "num_decoder_layers", "relative_attention_num_buckets",
+                     "relative_attention_max_distance"), "int"),
+    **dict.fromkeys(("dropout_rate", "global_rope_theta", "local_rope_theta", "rope_theta", "layer_norm_eps",
+                     "layer_norm_epsilon", "rms_norm_eps", "norm_eps", "initializer_range", "attention_dropout",
+                     "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attn_pdrop", "resid_pdrop",
+                     "embd_pdrop", "mlp_dropout"), "float"),
+    **dict.fromkeys(("architectures", "layer_types"), "list[str]"),
+    **dict.fromkeys(("rope_parameters", "rope_scaling"), "dict"),
+}
+
+
 def config_from_hf_dir(directory: Path) -> tuple[ModelConfig, dict]:
+    """ModelConfig from directory/config.json; anything that cannot describe a model is a ConfigError
+    naming the file (and the key, where one is to blame)."""
+    from ..config import type_mismatch
     path = directory / "config.json"
     hf = read_json(path)
     family = family_of(hf.get("model_type", ""), str(path))
-    return family.config_from_hf(hf, str(path)), hf
+    for key, kind in HF_KEY_TYPES.items():
+        want = type_mismatch(hf.get(key), f"{kind} | None")
+        if want:
+            raise ConfigError(f"{path}: {key}={hf[key]!r:.60} must be {want}")
+    try:
+        return family.config_from_hf(hf, str(path)), hf
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as err:
+        # values of the right types that still do not add up (e.g. a layer pattern longer than the stack)
+        raise ConfigError(f"{path}: values that do not describe a {family.model_type} model "
+                          f"({type(err).__name__}: {' '.join(str(err).split())})") from None
 
 
 def load_pretrained(directory: str | Path, architecture: str | None = None,
@@ -343,10 +456,16 @@ def load_hf_state_dict(model: Model, sd: dict[str, torch.Tensor], family: Family
             warnings.warn(f"{source}: loading the backbone only; ignored {len(dropped)} head tensors "
                           f"({', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})", stacklevel=3)
     ignore = {i for i in family.ignore} | {family.backbone_prefix + i for i in family.ignore}
-    ours, unmatched = table.from_hf({k: v for k, v in sd.items() if k not in ignore})
+    sd = {k: v for k, v in sd.items() if k not in ignore}
     expected = model.state_dict()
+    ours, unmatched = table.from_hf(sd)
+    not_float = [f"{_hf_name(table, k)} ({v.dtype})" for k, v in ours.items()
+                 if k in expected and expected[k].is_floating_point() and not v.is_floating_point()]
+    if not_float:  # integer or bool data where weights belong: a damaged or mislabelled file
+        raise CheckpointError(f"{source}: tensor {not_float[0]} is not floating point"
+                              + (f" (+{len(not_float) - 1} more)" if len(not_float) > 1 else ""))
     tied = _tied_keys(model)
-    mismatched = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+    mismatched = [f"{_hf_name(table, k)} -> {k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
                   for k, v in ours.items() if k in expected and v.shape != expected[k].shape]
     if mismatched:
         raise CheckpointError(f"{source}: shape mismatch for " + "; ".join(mismatched[:5]) +
@@ -367,6 +486,16 @@ def load_hf_state_dict(model: Model, sd: dict[str, torch.Tensor], family: Family
         for k, v in ours.items():
             if k in expected and k not in tied:
                 expected[k].copy_(v.to(expected[k].dtype))
+
+
+def _hf_name(table: NameTable, key: str) -> str:
+    """The checkpoint's name for our parameter `key` (for error messages)."""
+    for ours_t, theirs, _, ours_pats, _ in table.rows:
+        for pat in ours_pats:
+            m = pat.match(key)
+            if m:
+                return theirs.replace("{i}", m.group("i") or "") + m.group("rest")
+    return key
 
 
 def _tied_keys(model: Model) -> set[str]:

@@ -103,8 +103,8 @@ def load_native(directory: Path, extra: dict | None = None):
 
 def load_model_weights(model, directory: Path) -> None:
     if (directory / RAW_WEIGHTS).exists():
-        from safetensors.torch import load_file
-        missing, unexpected = model.load_state_dict(load_file(str(directory / RAW_WEIGHTS)), strict=False)
+        from ..interop.hf import read_safetensors  # header checked against the file first
+        missing, unexpected = model.load_state_dict(read_safetensors(directory / RAW_WEIGHTS), strict=False)
         tied = {k for k in missing if k.endswith("lm_head.weight") or k.endswith("mlm.decoder.weight")}
         if set(missing) - tied or unexpected:
             raise ValueError(f"{directory}: checkpoint does not fit the model (missing {sorted(set(missing) - tied)}, "

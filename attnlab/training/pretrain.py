@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, ModelConfig, preset
+from ..config import ConfigError, ModelConfig, preset, type_mismatch
 from ..objectives import ObjectiveConfig, build_objective
 from .trainer import Trainer, TrainArgs, distributed_context
 
@@ -68,13 +68,23 @@ def _typed(cls, values: dict, where: str):
     for name, f in fields.items():  # YAML reads 3e-4 as a string and 5 as an int: coerce to the field type
         v = getattr(out, name)
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        if kind == "float" and isinstance(v, (int, str)) and not isinstance(v, bool):
-            try:
+        try:
+            if kind == "float" and isinstance(v, (int, str)) and not isinstance(v, bool):
                 setattr(out, name, float(v))
-            except ValueError:
-                raise ConfigError(f"{where}: {name}={v!r} is not a number") from None
-        elif kind == "int" and isinstance(v, (str, float)) and float(v).is_integer():
-            setattr(out, name, int(float(v)))
+            elif kind == "int" and isinstance(v, (str, float)) and float(v).is_integer():
+                setattr(out, name, int(float(v)))
+        except (ValueError, OverflowError):
+            raise ConfigError(f"{where}: {name}={v!r} is not a number") from None
+        want = type_mismatch(getattr(out, name), f.type)
+        if want:
+            raise ConfigError(f"{where}: {name}={getattr(out, name)!r} must be {want}")
+    if hasattr(out, "validate"):
+        try:
+            out.validate()
+        except ConfigError:
+            raise
+        except ValueError as err:  # the dataclass's own checks name the field
+            raise ConfigError(f"{where.split(':')[0]}: {err}") from None
     return out
 
 
@@ -93,11 +103,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PretrainC
     source = str(path) if path else "config"
     if path:
         try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
+            tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: no such config file") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: not valid YAML ({' '.join(str(err).split())})") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (model, data, objective, train), "
+                              f"got {type(tree).__name__}")
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. train.lr=3e-4")
@@ -107,7 +120,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PretrainC
     unknown = [k for k in tree if k not in sections]
     if unknown:
         raise ConfigError(f"{source}: unknown section {unknown[0]!r}; sections: {', '.join(sorted(sections))}")
-    return PretrainConfig(model=dict(tree.get("model") or {}),
+    model = tree.get("model") or {}
+    if not isinstance(model, dict) or not all(isinstance(k, str) for k in model):
+        raise ConfigError(f"{source}: model: expected a mapping of ModelConfig field names (and preset) to values")
+    if not isinstance(model.get("preset", ""), str):
+        raise ConfigError(f"{source}: model.preset={model['preset']!r} must be a preset name")
+    return PretrainConfig(model=dict(model),
                           data=_typed(DataConfig, tree.get("data") or {}, f"{source}: data"),
                           objective=_typed(ObjectiveConfig, tree.get("objective") or {}, f"{source}: objective"),
                           train=_typed(TrainArgs, tree.get("train") or {}, f"{source}: train"))
