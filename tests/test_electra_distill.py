@@ -212,3 +212,66 @@ def test_distill_cli_end_to_end(data_dir, tmp_path):
     assert {"eval_ce", "eval_task", "eval_cos", "eval_loss"} <= set(rows[-1])
     student = attnlab.load(tmp_path / "run" / "checkpoints" / "step-000003" / "model")
     assert student.hf_architecture == "DistilBertForMaskedLM" and student.config.num_layers == 1
+
+
+def _sst2_head(data_dir, n, dst):
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines()
+    dst.write_text("\n".join(lines[:n + 1]) + "\n", encoding="utf-8")
+    return dst
+
+
+def test_task_distillation_and_from_scratch_baseline(data_dir, tmp_path, capsys):
+    """`finetune --from-scratch` trains the same architecture from random weights; `distill --task` turns a
+    fine-tuned 4-layer teacher into a 2-layer student with the teacher's head, saved like finetune saves."""
+    import attnlab
+    from attnlab.cli import main
+    from attnlab.config import ModelConfig
+    base = tmp_path / "base"
+    attnlab.from_config(ModelConfig(hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128,
+                                    dropout=0.0, attention_dropout=0.0)).save(base)
+    attnlab.load_tokenizer("minilm").save(base)
+    train = _sst2_head(data_dir, 400, tmp_path / "train.tsv")
+    valid = tmp_path / "valid.tsv"
+    valid.write_text("sentence\tlabel\n" + "".join(
+        l + "\n" for l in (data_dir / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines()[-100:]))
+    common = ["--train", str(train), "--valid", str(valid), "--epochs", "1", "--lr", "1e-3", "--batch-size", "16", "--max-length", "32",
+              "--no-progress"]
+    assert main(["finetune", "sst2", "--model", str(base), "--output", str(tmp_path / "teacher"), *common]) == 0
+    # from scratch: the weights differ from base's, but the run is otherwise the same
+    assert main(["finetune", "sst2", "--model", str(base), "--output", str(tmp_path / "scratch"), "--from-scratch",
+                 *common]) == 0
+    scratch = json.loads((tmp_path / "scratch/metrics.json").read_text())
+    assert scratch["from_scratch"] is True
+    a = attnlab.load(tmp_path / "scratch").state_dict()
+    b = attnlab.load(base).state_dict()
+    layer0 = [k for k in a if "layers.0." in k and k.endswith("weight") and a[k].dim() == 2]
+    assert layer0 and all(not torch.equal(a[k], b[k.removeprefix("backbone.")]) for k in layer0)
+    capsys.readouterr()
+
+    out = tmp_path / "student"
+    assert main(["distill", "--task", "sst2", "--teacher", str(tmp_path / "teacher"), "--student-layers", "2",
+                 "--output", str(out), "--train", str(train), "--valid", str(valid), "--epochs", "1", "--lr", "1e-3", "--batch-size", "16",
+                 "--max-length", "32", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["student_layers"] == 2 and summary["teacher_layers"] == 4
+    assert summary["parameters"] < summary["teacher_parameters"]
+    assert 0 <= summary["eval_accuracy"] <= 100
+    student = attnlab.load(out)
+    teacher = attnlab.load(tmp_path / "teacher")
+    assert student.config.num_layers == 2 and student.config.extra["id2label"] == teacher.config.extra["id2label"]
+    # `evaluate` reads the student like any fine-tuned model
+    assert main(["evaluate", "sst2", "--model", str(out), "--data", str(valid)]) == 0
+    assert "accuracy" in json.loads(capsys.readouterr().out)
+    # exactly one mode
+    assert main(["distill", "--teacher", str(tmp_path / "teacher"), "--student-layers", "2",
+                 "--output", str(tmp_path / "x")]) == 1
+    assert "exactly one of --corpus" in capsys.readouterr().err
+
+
+def test_finetune_refuses_a_training_file_too_small_to_hold_out_from(data_dir, tmp_path, capsys):
+    from attnlab.cli import main
+    train = _sst2_head(data_dir, 50, tmp_path / "train.tsv")
+    assert main(["finetune", "sst2", "--model", "minilm", "--output", str(tmp_path / "o"), "--train", str(train),
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "50 examples, too few to hold 872 out" in err and str(train) in err

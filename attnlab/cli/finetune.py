@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-eval-samples", type=int, help="validate on a seeded random subset of this size")
     p.add_argument("--train-embeddings", action="store_true",
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="same architecture and tokenizer as --model but random weights (the no-pretraining baseline)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
                        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                       freeze_embeddings=not args.train_embeddings, progress=args.progress)
+                       freeze_embeddings=not args.train_embeddings, progress=args.progress,
+                       from_scratch=args.from_scratch)
     print(json.dumps(summary))
     return 0
 

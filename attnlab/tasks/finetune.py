@@ -66,11 +66,18 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              weight_decay: float = 0.01, eval_every: int | None = None, patience: int | None = None,
              max_train_samples: int | None = None, max_eval_samples: int | None = None,
              holdout: int = 872, freeze_embeddings: bool = True, progress: bool = True,
-             log_every: int = 50) -> dict:
+             log_every: int = 50, from_scratch: bool = False, student_layers: int | None = None,
+             distill=None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Without a validation file the task's default is used, else `holdout`
-    training examples are set aside (seeded)."""
+    training examples are set aside (seeded).
+
+    from_scratch: same architecture and tokenizer, random weights (the baseline a pretrained model must beat).
+    student_layers: task distillation (Sanh et al. 2019, §3 applied to a task): `model` is a model already
+    fine-tuned on `task`, the teacher; a student of `student_layers` layers starts from every other teacher
+    layer (and the teacher's head) and learns from the teacher's soft targets at temperature T, the labels
+    and the teacher's last hidden states (`distill`, a DistillConfig)."""
     import attnlab
     from tqdm import tqdm
     from ..interop.hf import atomic_write
@@ -90,6 +97,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     train_path, valid_path = resolve_files(task, train_file, valid_file)
     train_ex = _read_many(task, train_path)
     if valid_path is None:
+        if holdout >= len(train_ex):
+            raise DataError(f"{train_path}: {len(train_ex)} examples, too few to hold {holdout} out for "
+                            "validation; give a validation file (--valid)")
         train_ex, valid_ex = holdout_split(train_ex, holdout)
         valid_desc = f"{holdout} examples held out of {train_path} (seed 0)"
     else:
@@ -99,11 +109,27 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     if max_eval_samples and max_eval_samples < len(valid_ex):
         valid_ex = holdout_split(valid_ex, max_eval_samples, seed)[1]
 
+    if not train_ex:
+        raise DataError(f"{train_path}: no training examples")
     labels = task.label_list(train_ex)
     tokenizer = attnlab.load_tokenizer(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(newly initialised|unused tensors).*")  # a fresh head
         net = attnlab.load(model, architecture=task.architecture, extra=task.model_extra(labels))
+    teacher, loss_of = None, (lambda batch: net(**batch).loss)
+    if from_scratch:
+        net.init_weights()
+        net.tie_weights()
+    if student_layers is not None:
+        from ..objectives.distill import DistillConfig, distill_loss, init_student_from_teacher, student_config
+        teacher = net.eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        net = type(teacher)(student_config(teacher.config, student_layers))
+        init_student_from_teacher(net, teacher)
+        cfg = distill or DistillConfig()
+        cfg.validate()
+        loss_of = lambda batch: distill_loss(net, teacher, batch, cfg)[0]  # noqa: E731
     _, label2id = labels_of(net)
     feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
     if freeze_embeddings:
@@ -154,7 +180,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     while step < total and not stop:
         for idx in length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch):
             batch = collate([feats[i] for i in idx], tokenizer.pad_token_id)
-            loss = net(**batch).loss
+            loss = loss_of(batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
             optimizer.step()
@@ -181,6 +207,10 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                "train_examples": len(train_ex), "valid_examples": len(valid_ex), "steps": step,
                "best_step": best.get("step"), "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings,
+               **({"from_scratch": True} if from_scratch else {}),
+               **({"student_layers": student_layers, "teacher_layers": teacher.config.num_layers,
+                   "parameters": net.num_parameters(), "teacher_parameters": teacher.num_parameters()}
+                  if teacher is not None else {}),
                "wall_time_s": round(time.time() - started, 1),
                **{k: v for k, v in best.items() if k.startswith("eval_")}}
     atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))
