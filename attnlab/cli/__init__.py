@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from .paths import check_inputs
+
 # The order here is the order `attnlab --help` lists them in.
 COMMANDS = ["info", "embed", "generate", "viz", "plot", "finetune", "evaluate", "predict", "tokenizer", "prepare", "pretrain", "distill", "translate", "serve"]
 
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_inputs(parser, args.command, args)  # a missing or unreadable input: one line, before any work
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         kind = "" if isinstance(err, (OSError, ValueError)) else f"{type(err).__name__}: "
-        print(f"attnlab {args.command}: error: {kind}{err}", file=sys.stderr)
+        message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())  # exactly one line
+        print(f"attnlab {args.command}: error: {kind}{message}", file=sys.stderr)
         return 1
 
 
