@@ -1,7 +1,7 @@
 """The HTTP server on loopback with tiny random models (real tokenizers): 64 concurrent completions equal to
 generating each alone, streaming (SSE) equal to non-streaming, chat, limits (429, 504, 413, max tokens,
-input length), malformed/mistyped bodies naming the field, a disconnect mid-stream freeing its KV
-blocks, encoder embeddings/classify, /health, /metrics, /viz."""
+input length) on the decoding and on the encoder path, malformed/mistyped bodies naming the field, a
+disconnect mid-stream freeing its KV blocks, encoder embeddings/classify, /health, /metrics, /viz."""
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +31,9 @@ class Server:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        # a long keep-alive: on a busy machine a client can take over uvicorn's default 5 s to send its next
+        # request on a kept-alive connection, and the server closing it then would fail that request
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=120))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 30
@@ -152,8 +154,14 @@ def test_limits_and_bad_input_name_the_field(server):
         assert r.status_code == 422 and "prompt" in r.json()["error"]["message"]
         r = client.post("/v1/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
         assert r.status_code == 422 and "messages.0.role" in r.json()["error"]["message"]
-        r = client.post("/v1/embeddings", json={"input": "hi"})
-        assert r.status_code == 404 and "encoder" in r.json()["error"]["message"]
+        r = client.post("/v1/classify", json={"input": "hi"})
+        assert r.status_code == 404 and "classification head" in r.json()["error"]["message"]
+        r = client.get("/v1/nowhere")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+        r = client.get("/v1/completions")
+        assert r.status_code == 405 and r.json()["error"]["message"] and r.headers["allow"] == "POST"
+        r = client.post("/v1/completions", content=b"\xff\xfe", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["message"]
 
 
 def _wait_pool_full(url: str, seconds: float = 20) -> dict:
@@ -213,13 +221,53 @@ def test_timeout_and_queue_full(decoder, smol_tok):
         s.close()
 
 
-def test_encoder_server_embeddings_classify_health_viz(minilm):
+@pytest.fixture(scope="module")
+def tiny_classifier(minilm):
+    """A random 1-layer BERT with a 2-label head, and MiniLM's WordPiece tokenizer."""
     tok = attnlab.load_tokenizer(minilm)
     torch.manual_seed(0)
     cfg = attnlab.config.preset("bert-tiny", vocab_size=len(tok), num_layers=1, hidden_size=32, num_heads=2,
                                 intermediate_size=64)
     cfg.extra.update(id2label={"0": "negative", "1": "positive"}, num_labels=2)
-    clf = attnlab.from_config(cfg, architecture="BertForSequenceClassification").eval()
+    return attnlab.from_config(cfg, architecture="BertForSequenceClassification").eval(), tok
+
+
+def test_encoder_timeout_and_queue_full(tiny_classifier):
+    # the worker is stuck in a forward pass: the job queued behind it cannot finish in time (504), and one
+    # more than max_queued gets 429 at once
+    clf, tok = tiny_classifier
+    busy, release = threading.Event(), threading.Event()
+    hook = clf.backbone.register_forward_pre_hook(lambda *a: (busy.set(), release.wait(30)))  # embed and classify
+    app = create_app(clf, tok, limits=Limits(max_queued=1, request_timeout=1.0))
+    s = Server(app)
+    try:
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=TIMEOUT) as client:
+                running = asyncio.create_task(client.post("/v1/embeddings", json={"input": "first"}))
+                assert await asyncio.to_thread(busy.wait, 30)  # taken by the worker: the queue is empty again
+                queued = asyncio.create_task(client.post("/v1/classify", json={"input": "second"}))
+                while app.state.worker.queue_depth < 1:
+                    await asyncio.sleep(0.01)
+                third = await client.post("/v1/embeddings", json={"input": "third"})
+                return await running, await queued, third
+        running, queued, third = asyncio.run(go())
+        assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_error"
+        assert running.status_code == queued.status_code == 504 and queued.json()["error"]["type"] == "timeout"
+    finally:
+        release.set()
+        hook.remove()
+    try:
+        deadline = time.time() + 20
+        while httpx.get(s.url + "/metrics").json()["queue_depth"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(s.url + "/metrics").json()["queue_depth"] == 0
+        assert httpx.post(s.url + "/v1/embeddings", json={"input": "after"}).status_code == 200
+    finally:
+        s.close()
+
+
+def test_encoder_server_embeddings_classify_health_viz(tiny_classifier):
+    clf, tok = tiny_classifier
     s = Server(create_app(clf, tok, name="tiny-clf", limits=Limits(max_input_tokens=32)))
     texts = [f"sentence {i} " + "word " * (i % 9) for i in range(24)]
     try:

@@ -127,8 +127,8 @@ class Engine:
         self.check(len(prompt), params)
         req = Request(next(self._ids), prompt, params, on_event=on_event)
         if params.temperature > 0:
-            req.generator = torch.Generator().manual_seed(params.seed if params.seed is not None
-                                                          else torch.seed() % 2 ** 63)
+            seed = params.seed if params.seed is not None else torch.seed()
+            req.generator = torch.Generator().manual_seed(seed % 2 ** 64)  # any int (a client's) is a valid seed
         with self._wake:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"{len(self.waiting)} requests already queued (max {self.max_waiting})")
@@ -227,7 +227,9 @@ class Engine:
             if p.repetition_penalty != 1.0:
                 row = apply_repetition_penalty(row, torch.tensor([r.tokens]), p.repetition_penalty)
             if p.temperature > 0:
-                row = row / p.temperature
+                # best logit at 0 first: dividing by a tiny temperature then gives -inf, never inf - inf = nan
+                row = torch.nan_to_num(row, nan=float("-inf"), posinf=torch.finfo(row.dtype).max)
+                row = (row - row.max(-1, keepdim=True).values) / p.temperature
                 if p.top_k is not None:
                     row = top_k_filter(row, p.top_k)
                 if p.top_p is not None:

@@ -2,14 +2,24 @@
 
 Which endpoints exist depends on the model:
   encoder (BERT-like)       POST /v1/embeddings, and POST /v1/classify when it has a classification head
-  decoder (GPT-2, LLaMA…)   POST /v1/completions, POST /v1/chat/completions (`"stream": true` = server-sent events)
+  decoder (GPT-2, LLaMA…)   POST /v1/completions, POST /v1/chat/completions (`"stream": true` = server-sent events),
+                            and POST /v1/embeddings
   always                    GET /health, GET /metrics, GET /viz?text=... (the attention page)
 
+Embeddings from a decoder are what OpenAI-compatible servers (vLLM's pooling runner, llama.cpp's
+--embeddings) give for a causal LM: the final hidden states (before the LM head) mean-pooled over the
+text's tokens and L2-normalised, the same `attnlab.inference.embed` an encoder uses. Each token only sees
+the ones before it, so these are weaker sentence vectors than a trained bi-directional encoder's, but
+one server can answer both kinds of request.
+
 Decoding goes through the continuous-batching engine (attnlab.inference.engine) in its own thread, so
-concurrent requests share every forward pass; encoder jobs are batched by `EncoderWorker`. Limits
-protect the process: max input tokens, max new tokens, max queued requests (429), a request timeout
-(504, the request's KV blocks are freed), a body size cap (413). A client that disconnects mid-stream
-has its request cancelled, which returns its KV blocks to the pool.
+concurrent requests share every forward pass; embedding/classification jobs are batched by
+`EncoderWorker` (on a decoder it takes the engine's `forward_lock`, so the two never run the model at
+once). Limits protect the process: max input tokens, max new tokens, max queued requests (429), a
+request timeout (504, the request's KV blocks are freed), a body size cap (413). A client that
+disconnects mid-stream has its request cancelled, which returns its KV blocks to the pool; /metrics
+reports `kv_blocks_free` / `kv_blocks_total`, equal whenever nothing is running. Every rejection is a
+4xx with a JSON body `{"error": {"message", "type", "param", "code"}}`.
 
     >>> app = create_app(model, tokenizer, name="smollm2")
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)
@@ -27,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from ..inference.engine import Engine, QueueFull, SamplingParams
 from ..inference.quantize import linear_precision
@@ -95,15 +106,17 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     limits = limits or Limits()
     kind = model_kind(model)
     metrics = Metrics()
-    engine = worker = None
+    engine = None
     if kind == "decoder":
         engine = Engine(model, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
                         max_batch=limits.max_batch, max_waiting=limits.max_queued)
-    else:
-        worker = EncoderWorker(model, tokenizer, max_queued=limits.max_queued, max_length=limits.max_input_tokens)
+    # a text longer than the model's positions is refused, not truncated or crashed on
+    max_embed_tokens = min(limits.max_input_tokens, model.config.max_position_embeddings)
+    worker = EncoderWorker(model, tokenizer, max_queued=limits.max_queued, max_length=max_embed_tokens,
+                           lock=engine.forward_lock if engine is not None else None)
     classifier = kind == "encoder" and type(model).__name__ == "SequenceClassification"
-    endpoints = (["/v1/completions", "/v1/chat/completions"] if kind == "decoder"
-                 else ["/v1/embeddings"] + (["/v1/classify"] if classifier else []))
+    endpoints = (["/v1/completions", "/v1/chat/completions"] if kind == "decoder" else []) + \
+        ["/v1/embeddings"] + (["/v1/classify"] if classifier else [])
 
     @asynccontextmanager
     async def lifespan(app):
@@ -112,8 +125,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         yield
         if engine is not None:
             engine.stop()
-        if worker is not None:
-            worker.stop()
+        worker.stop()
 
     app = FastAPI(title=f"attnlab: {name}", lifespan=lifespan)
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
@@ -123,6 +135,19 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     async def _api_error(request, err: ApiError):
         metrics.record(request.url.path, err.status)
         return _error(err.status, err.message, err.param, err.kind)
+
+    @app.exception_handler(Exception)  # a bug: still a JSON answer, with no internals shown (the log has them)
+    async def _crash(request, err: Exception):
+        metrics.record(request.url.path, 500)
+        return _error(500, f"internal server error ({type(err).__name__})", kind="server_error")
+
+    @app.exception_handler(HTTPException)  # unknown path (404), wrong method (405), undecodable body (400)
+    async def _http_error(request, err: HTTPException):
+        metrics.record("other" if err.status_code == 404 else request.url.path, err.status_code)
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "invalid_request_error")
+        response = _error(err.status_code, str(err.detail), kind=kind)
+        response.headers.update(err.headers or {})  # e.g. Allow on a 405
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, err: RequestValidationError):
@@ -145,25 +170,25 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     @app.get("/metrics")
     async def get_metrics():
         out = metrics.snapshot()
+        out.update(queue_depth=worker.queue_depth)
         if engine is not None:
-            out.update(queue_depth=len(engine.waiting), running=len(engine.running),
+            out.update(queue_depth=len(engine.waiting) + worker.queue_depth, running=len(engine.running),
                        kv_blocks_free=engine.pool.num_free, kv_blocks_total=engine.pool.capacity_blocks,
                        kv_block_size=engine.pool.block_size, engine=dict(engine.stats))
-        else:
-            out.update(queue_depth=worker.queue_depth)
         out["limits"] = asdict(limits)
         return out
 
     @app.get("/viz", response_class=HTMLResponse)
     async def viz(text: str, text_b: str | None = None, view: str = "head", layer: int = 0, head: int | None = None):
         from ..viz.page import attention_page
-        n = len(tokenizer.encode(text, add_special_tokens=False))
-        if n > min(limits.max_input_tokens, 256):  # the page holds layers x heads x T x T weights
-            raise ApiError(400, f"text has {n} tokens; /viz accepts at most {min(limits.max_input_tokens, 256)}", "text")
-        lock = engine.forward_lock if engine is not None else worker.lock  # its hooks must see only its own pass
+        n = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in (text, text_b) if t)
+        most = min(limits.max_input_tokens, 256)  # the page holds layers x heads x T x T weights
+        if n > most:
+            raise ApiError(400, f"text{' + text_b' if text_b else ''} has {n} tokens; /viz accepts at most {most}",
+                           "text")
 
         def render():
-            with lock:
+            with worker.lock:  # its hooks must see only its own pass (the engine's passes take it too)
                 return attention_page(model, tokenizer, text, text_b, view=view, layer=layer, head=head, title=name)
         try:
             page = await run_in_threadpool(render)
@@ -172,7 +197,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         metrics.record("/viz", 200)
         return HTMLResponse(page)
 
-    # ------------------------------------------------------------------ encoders
+    # ------------------------------------------------------------------ embeddings (any model), classify
     async def _encoder_job(job: str, texts: list[str], endpoint: str):
         started = time.perf_counter()
         if not texts:
@@ -181,9 +206,12 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
             raise ApiError(400, f"input has {len(texts)} texts; at most {limits.max_texts} per request", "input")
         lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
         for i, n in enumerate(lengths):
-            if n > limits.max_input_tokens:
-                raise ApiError(400, f"input[{i}] has {n} tokens; max_input_tokens is {limits.max_input_tokens}",
-                               f"input[{i}]")
+            if n == 0:
+                raise ApiError(400, f"input[{i}] encodes to no tokens", f"input[{i}]")
+            if n > max_embed_tokens:
+                raise ApiError(400, f"input[{i}] has {n} tokens; at most {max_embed_tokens} are accepted "
+                                    f"(max_input_tokens={limits.max_input_tokens}, model context "
+                                    f"{model.config.max_position_embeddings})", f"input[{i}]")
         try:
             future = worker.submit(job, texts)
         except QueueFull as err:
@@ -196,12 +224,11 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         metrics.record(endpoint, 200, time.perf_counter() - started)
         return out, sum(lengths)
 
-    if kind == "encoder":
-        @app.post("/v1/embeddings")
-        async def embeddings(body: EmbeddingRequest):
-            vectors, n = await _encoder_job("embed", body.texts(), "/v1/embeddings")
-            return {"object": "list", "model": name, "usage": {"prompt_tokens": n, "total_tokens": n},
-                    "data": [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]}
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        vectors, n = await _encoder_job("embed", body.texts(), "/v1/embeddings")
+        return {"object": "list", "model": name, "usage": {"prompt_tokens": n, "total_tokens": n},
+                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]}
 
     if classifier:
         id2label = model.config.extra.get("id2label") or {}
@@ -230,8 +257,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
 
 def _unsupported(path: str, kind: str, classifier: bool):
     async def handler():
-        need = {"/v1/classify": "an encoder with a sequence-classification head",
-                "/v1/embeddings": "an encoder"}.get(path, "a decoder (causal LM)")
+        need = {"/v1/classify": "an encoder with a sequence-classification head"}.get(path, "a decoder (causal LM)")
         raise ApiError(404, f"{path} needs {need}; this server runs {'a classifier' if classifier else 'an ' + kind}",
                        kind="not_found")
     return handler

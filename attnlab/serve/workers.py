@@ -34,11 +34,13 @@ class Job:
 
 class EncoderWorker:
     def __init__(self, model, tokenizer, *, max_queued: int = 256, max_batch_texts: int = 256,
-                 max_length: int | None = None) -> None:
+                 max_length: int | None = None, lock: threading.Lock | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.max_queued, self.max_batch_texts, self.max_length = max_queued, max_batch_texts, max_length
         self.jobs: deque[Job] = deque()
-        self.lock = threading.Lock()  # also held by /viz, which hooks the same model
+        # held around every forward pass; also by /viz (which hooks the same model) and, when `lock` is a
+        # decoding engine's forward_lock, by the engine's passes
+        self.lock = lock or threading.Lock()
         self._wake = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="attnlab-encoder", daemon=True)
