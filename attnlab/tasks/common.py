@@ -149,6 +149,13 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 def iter_lines(path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line without its newline); a UTF-8 BOM (GLUE MRPC has one) is dropped."""
-    with open(path, encoding="utf-8-sig") as fh:
-        for number, line in enumerate(fh, 1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{number}: not valid UTF-8 (byte {raw[err.start]:#04x} at column "
+                                f"{err.start + 1})") from None
+            if number == 1:
+                line = line.removeprefix("\ufeff")
             yield number, line.rstrip("\r\n")

@@ -41,20 +41,39 @@ def read_squad(path: str | Path, with_answers: bool = True) -> tuple[list[dict],
         raise DataError(f"{path}: not valid SQuAD JSON ({err})") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise DataError(f"{path}: expected SQuAD format {{\"data\": [{{\"paragraphs\": [...]}}]}}")
+
+    def get(node, key: str, kind: type, where: str, default=None):
+        """node[key] checked to be a `kind`; the error names the file and where in it (data[0].paragraphs[1]...)."""
+        if not isinstance(node, dict):
+            raise DataError(f"{path}: {where} must be an object, got {type(node).__name__}")
+        value = node.get(key, default)
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+            want = {str: "a string", int: "an integer", list: "a list"}.get(kind, "a string or an integer")
+            raise DataError(f"{path}: {where}.{key} must be {want}, got {type(value).__name__}")
+        return value
+
     examples, skipped = [], []
-    for article in data["data"]:
-        for paragraph in article.get("paragraphs", []):
-            context = paragraph["context"]
-            for qa in paragraph.get("qas", []):
-                answers = qa.get("answers", [])
+    for i, article in enumerate(data["data"]):
+        for j, paragraph in enumerate(get(article, "paragraphs", list, f"data[{i}]", [])):
+            where = f"data[{i}].paragraphs[{j}]"
+            context = get(paragraph, "context", str, where)
+            for k, qa in enumerate(get(paragraph, "qas", list, where, [])):
+                at = f"{where}.qas[{k}]"
+                qid = str(get(qa, "id", (str, int), at))
+                question = get(qa, "question", str, at)
+                answers = get(qa, "answers", list, at, [])
+                for n, a in enumerate(answers):
+                    get(a, "text", str, f"{at}.answers[{n}]")
+                    get(a, "answer_start", int, f"{at}.answers[{n}]")
                 if with_answers:
                     if not answers:
-                        raise DataError(f"{path}: question {qa.get('id')!r} has no answers (SQuAD v1.1 needs one)")
-                    if any(context[a["answer_start"]:a["answer_start"] + len(a["text"])] != a["text"]
+                        raise DataError(f"{path}: question {qid!r} has no answers (SQuAD v1.1 needs one)")
+                    if any(not 0 <= a["answer_start"] <= len(context)
+                           or context[a["answer_start"]:a["answer_start"] + len(a["text"])] != a["text"]
                            for a in answers):
-                        skipped.append(qa["id"])
+                        skipped.append(qid)
                         continue
-                examples.append({"id": qa["id"], "question": qa["question"], "context": context,
+                examples.append({"id": qid, "question": question, "context": context,
                                  "answers": answers, "source": str(path)})
     return examples, skipped
 
