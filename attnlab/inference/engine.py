@@ -37,6 +37,9 @@ from .generate import apply_repetition_penalty, top_k_filter, top_p_filter
 from .paged import BlockPool, BlockTable, PagedBatchCache
 
 
+MIN_TEMPERATURE = 1e-5  # smaller temperatures decode greedily (the limit of sampling as temperature -> 0)
+
+
 class QueueFull(RuntimeError):
     """The waiting queue is at its limit; the caller should retry later (HTTP 429)."""
 
@@ -126,7 +129,7 @@ class Engine:
         prompt = [int(t) for t in prompt]
         self.check(len(prompt), params)
         req = Request(next(self._ids), prompt, params, on_event=on_event)
-        if params.temperature > 0:
+        if params.temperature >= MIN_TEMPERATURE:
             seed = params.seed if params.seed is not None else torch.seed()
             req.generator = torch.Generator().manual_seed(seed % 2 ** 64)  # any int (a client's) is a valid seed
         with self._wake:
@@ -221,12 +224,13 @@ class Engine:
         tokens = logits.argmax(-1).tolist()
         for i, r in enumerate(reqs):
             p = r.params
-            if p.temperature <= 0 and p.repetition_penalty == 1.0:
+            sample = p.temperature >= MIN_TEMPERATURE  # below it (e.g. 5e-324 = 0 in float32): greedy
+            if not sample and p.repetition_penalty == 1.0:
                 continue
             row = logits[i:i + 1]
             if p.repetition_penalty != 1.0:
                 row = apply_repetition_penalty(row, torch.tensor([r.tokens]), p.repetition_penalty)
-            if p.temperature > 0:
+            if sample:
                 # best logit at 0 first: dividing by a tiny temperature then gives -inf, never inf - inf = nan
                 row = torch.nan_to_num(row, nan=float("-inf"), posinf=torch.finfo(row.dtype).max)
                 row = (row - row.max(-1, keepdim=True).values) / p.temperature

@@ -122,6 +122,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     async def lifespan(app):
         if engine is not None and start_engine:
             engine.start()
+        worker.start()
         yield
         if engine is not None:
             engine.stop()

@@ -43,8 +43,16 @@ class EncoderWorker:
         self.lock = lock or threading.Lock()
         self._wake = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="attnlab-encoder", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self.start()
+
+    def start(self) -> "EncoderWorker":
+        """Run the batching loop in a background thread (again after `stop`, e.g. a second server lifespan)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop = False
+            self._thread = threading.Thread(target=self._loop, name="attnlab-encoder", daemon=True)
+            self._thread.start()
+        return self
 
     @property
     def queue_depth(self) -> int:
@@ -65,7 +73,9 @@ class EncoderWorker:
         with self._wake:
             self._stop = True
             self._wake.notify()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
 
     def _loop(self) -> None:
         while True:
@@ -93,11 +103,11 @@ class EncoderWorker:
                     if kind == "embed" else self._classify(texts)
         except Exception as err:  # noqa: BLE001 - reported to every waiting client
             for j in jobs:
-                j.loop.call_soon_threadsafe(_set, j.future, None, err)
+                _deliver(j, None, err)
             return
         start = 0
         for j in jobs:
-            j.loop.call_soon_threadsafe(_set, j.future, out[start:start + len(j.texts)], None)
+            _deliver(j, out[start:start + len(j.texts)], None)
             start += len(j.texts)
 
     @torch.inference_mode()
@@ -117,6 +127,15 @@ class EncoderWorker:
                 out = np.zeros((len(ids), probs.size(-1)), dtype=np.float32)
             out[idx] = probs.numpy()
         return out
+
+
+def _deliver(job: Job, value, error) -> None:
+    """Hand a result to the job's event loop; a loop that has closed (its client is gone) is skipped, so the
+    worker thread never dies of it."""
+    try:
+        job.loop.call_soon_threadsafe(_set, job.future, value, error)
+    except RuntimeError:
+        pass
 
 
 def _set(future: asyncio.Future, value, error) -> None:
