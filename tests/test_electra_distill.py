@@ -275,3 +275,31 @@ def test_finetune_refuses_a_training_file_too_small_to_hold_out_from(data_dir, t
                  "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "50 examples, too few to hold 872 out" in err and str(train) in err
+
+
+def test_finetune_an_electra_discriminator_on_sst2(data_dir, tmp_path, capsys):
+    """ELECTRA has no classification class in our HF table: the task's head goes over its backbone (with a
+    new pooler) and the result is saved in attnlab's own layout, which evaluate reads back."""
+    import attnlab
+    from attnlab.cli import main
+    from attnlab.heads import ReplacedTokenDetection, SequenceClassification
+    cfg = preset("electra-small", num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128,
+                 embedding_size=32, dropout=0.0, attention_dropout=0.0)
+    disc = ReplacedTokenDetection(cfg)
+    disc.save(tmp_path / "disc")
+    attnlab.load_tokenizer("minilm").save(tmp_path / "disc")
+    train = _sst2_head(data_dir, 200, tmp_path / "train.tsv")
+    valid = tmp_path / "valid.tsv"
+    valid.write_text("sentence\tlabel\n" + "".join(
+        l + "\n" for l in (data_dir / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines()[-60:]))
+    out = tmp_path / "sst2"
+    assert main(["finetune", "sst2", "--model", str(tmp_path / "disc"), "--output", str(out), "--train", str(train),
+                 "--valid", str(valid), "--epochs", "1", "--batch-size", "16", "--max-length", "32",
+                 "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    net = attnlab.load(out)
+    assert isinstance(net, SequenceClassification) and net.config.model_type == "electra"
+    # the encoder weights came from the discriminator (the first layer's query differs only by training)
+    assert torch.allclose(net.backbone.embeddings.tok.weight, disc.backbone.embeddings.tok.weight)  # frozen
+    assert main(["evaluate", "sst2", "--model", str(out), "--data", str(valid)]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(summary["eval_accuracy"], abs=1e-3)

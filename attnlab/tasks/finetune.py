@@ -81,6 +81,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     import attnlab
     from tqdm import tqdm
     from ..interop.hf import atomic_write
+    from ..training.checkpoint import save_model
 
     from . import get_task
     task = get_task(task) if isinstance(task, str) else task
@@ -115,7 +116,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     tokenizer = attnlab.load_tokenizer(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(newly initialised|unused tensors).*")  # a fresh head
-        net = attnlab.load(model, architecture=task.architecture, extra=task.model_extra(labels))
+        net = load_for_task(task, model, task.model_extra(labels))
     teacher, loss_of = None, (lambda batch: net(**batch).loss)
     if from_scratch:
         net.init_weights()
@@ -167,7 +168,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         log(record)
         if not best or record[key] > best[key]:
             best, evals_since_best = record, 0
-            net.save(output)        # the best checkpoint is the one kept
+            save_model(net, output)  # the best checkpoint is the one kept
             tokenizer.save(output)
         else:
             evals_since_best += 1
@@ -217,10 +218,45 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     return summary
 
 
+def head_class(task: Task):
+    """The attnlab wrapper class a task trains (tasks name it by its BERT class, e.g. BertForTokenClassification)."""
+    from ..interop.hf import FAMILIES
+    return FAMILIES["bert"].architectures[task.architecture][0]
+
+
+def load_for_task(task: Task, model: str | Path, extra: dict):
+    """`model` with the task's head: the family's own class for it when it has one (RobertaForSequenceClassification
+    for a RoBERTa), else the same head over the family's backbone (an ELECTRA discriminator gets a pooler and a
+    classifier), which `save_model` then writes in attnlab's own layout."""
+    import attnlab
+    from dataclasses import replace
+
+    from ..interop.hf import FAMILIES, config_from_hf_dir
+    from ..interop.local import resolve
+    path = resolve(model)
+    cls = head_class(task)
+    if path.suffix.lower() == ".gguf" or not (path / "config.json").exists():
+        return attnlab.load(path, architecture=task.architecture, extra=extra)
+    config, _ = config_from_hf_dir(path)
+    family = FAMILIES[config.model_type]
+    names = [name for name, (c, _) in family.architectures.items() if c is cls]
+    if names:
+        return attnlab.load(path, architecture=names[0], extra=extra)
+    loaded = attnlab.load(path)
+    backbone = getattr(loaded, "backbone", loaded)
+    needs_pooler = cls.__name__ == "SequenceClassification"
+    net = cls(replace(backbone.config, pooler=backbone.config.pooler or needs_pooler,
+                      extra={**backbone.config.extra, **extra}))
+    missing, unexpected = net.backbone.load_state_dict(backbone.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("pooler.") for k in missing):
+        raise ValueError(f"{path}: its backbone does not fit a {cls.__name__} (missing {missing}, unexpected {unexpected})")
+    return net
+
+
 def _load_for_eval(task: Task, model: str | Path):
     import attnlab
     net = attnlab.load(model)
-    if net.hf_architecture != task.architecture:
+    if not isinstance(net, head_class(task)):
         raise ValueError(f"{model}: holds a {net.hf_architecture or type(net).__name__}, but task {task.name} "
                          f"needs a {task.architecture} (fine-tune it first: attnlab finetune {task.name} ...)")
     return net, attnlab.load_tokenizer(model)
