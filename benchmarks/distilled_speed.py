@@ -3,8 +3,8 @@
     attnlab distill --task sst2 --teacher out/sst2 --student-layers 3 --output out/sst2-3layers --epochs 0.3
     .venv/bin/python benchmarks/distilled_speed.py out/sst2 out/sst2-3layers [--task sst2] [--threads 1]
 
-Both models predict the same held-out examples (SST-2: the 872 held out of train with seed 0, as finetune
-does), alternating, best of --repeats. Prints accuracy, sentences/s, the accuracy retained and the speed-up.
+Both models predict the same held-out examples (SST-2: the 872 sentences finetune holds out of train),
+alternating, best of --repeats. Prints accuracy, examples/s, the accuracy retained and the speed-up.
 Not a test: numbers depend on the machine and on what else runs on it.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attnlab  # noqa: E402
 from attnlab.tasks import get_task  # noqa: E402
-from attnlab.tasks.finetune import _read_many, holdout_split, resolve_files  # noqa: E402
+from attnlab.tasks.finetune import _read_many, resolve_files, validation_split  # noqa: E402
 
 
 def main() -> int:
@@ -36,7 +36,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     task = get_task(args.task)
     train_path, valid_path = resolve_files(task)
-    valid = _read_many(task, valid_path) if valid_path else holdout_split(_read_many(task, train_path), 872)[1]
+    valid = _read_many(task, valid_path) if valid_path else validation_split(task, _read_many(task, train_path), 872)[1]
     tok = attnlab.load_tokenizer(args.teacher)
     models = {"teacher": attnlab.load(args.teacher), "student": attnlab.load(args.student)}
     best, scores = {}, {}

@@ -121,3 +121,24 @@ def test_metrics_match_sklearn_and_scipy():
 def test_f1_hand_computed():
     # tp=2, fp=1, fn=1 -> 2*2 / (4 + 1 + 1)
     assert f1_binary([1, 1, 1, 0, 0], [1, 1, 0, 1, 0]) == pytest.approx(4 / 6)
+
+
+def test_sst2_holds_out_whole_sentences_none_of_whose_phrases_are_trained_on(data_dir):
+    """SST-2's train.tsv holds every phrase of its sentences: a random hold-out would score phrases the model
+    was trained on inside longer lines. The held-out part is whole sentences and no training line is a
+    phrase of one (nor is any held-out sentence inside a training line)."""
+    from attnlab.tasks.finetune import validation_split
+    task = get_task("sst2")
+    examples = task.read(data_dir / "glue/SST-2/train.tsv")
+    train, held, desc = validation_split(task, examples, 872)
+    assert len(held) == 872 and "whole sentences" in desc
+    norm = lambda e: " ".join(e["texts"][0].split())  # noqa: E731
+    held_text = {norm(e) for e in held}
+    assert not held_text & {norm(e) for e in train}
+    joined = "\n" + "\n".join(norm(e) for e in train) + "\n"
+    assert not any(f" {t} " in joined.replace("\n", " \n ") for t in list(held_text)[:200])
+    everything = "\n".join(norm(e) for e in examples)
+    assert all(everything.count(t) == 1 for t in list(held_text)[:50])  # no longer line contains it
+    assert 15 <= sorted(len(t.split()) for t in held_text)[436] <= 25  # sentence length, like GLUE's dev
+    again = validation_split(task, examples, 872)[1]
+    assert [e["line"] for e in again] == [e["line"] for e in held]

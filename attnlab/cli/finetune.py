@@ -2,7 +2,8 @@
 
 TASK is one of sst2, mrpc, rte, cola, stsb (GLUE), conll2003 (NER), squad (extractive QA).
 Training and validation files default to the task's files under ATTNLAB_DATA (default ../shared/data);
-SST-2 has no dev set, so 872 training sentences are held out (fixed seed) for validation.
+SST-2 has no dev set, so 872 whole training sentences are held out (fixed seed) for validation, and the
+phrases of those sentences, which SST-2's train.tsv also lists, are left out of training.
 Writes the best model (config.json with id2label, model.safetensors, tokenizer files), metrics.jsonl
 (the run) and metrics.json (the summary) into --output.
 

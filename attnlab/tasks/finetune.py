@@ -36,6 +36,47 @@ def holdout_split(examples: list, n_holdout: int, seed: int = 0) -> tuple[list, 
     return [ex for i, ex in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
 
 
+def sentence_holdout(examples: list, n_holdout: int, seed: int = 0) -> tuple[list, list]:
+    """(train, held-out) for a training file of phrases cut from sentences (SST-2's train.tsv holds every
+    parsed phrase of its sentences: 88% of 872 randomly held-out lines occur inside a training line). Hold
+    out whole sentences - lines no other line contains, like the real SST-2 dev set - and drop from training
+    every line that is a phrase of a held-out sentence, so that no held-out text was seen in training."""
+    texts = [" ".join(" ".join(ex["texts"]).split()) for ex in examples]
+    known = set(texts)
+    order = sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i))
+    inside: set[str] = set()   # lines that are a proper phrase of a longer line
+    roots: list[int] = []
+    for i in order:
+        if texts[i] in inside:
+            continue
+        roots.append(i)
+        words = texts[i].split()
+        for a in range(len(words)):
+            for b in range(a + 1, len(words) + 1):
+                phrase = " ".join(words[a:b])
+                if phrase in known and (b - a) < len(words):
+                    inside.add(phrase)
+    roots.sort()
+    random.Random(seed).shuffle(roots)
+    held = set(roots[:n_holdout])
+    held_phrases = set()
+    for i in held:
+        words = texts[i].split()
+        held_phrases.update(" ".join(words[a:b]) for a in range(len(words)) for b in range(a + 1, len(words) + 1))
+    train = [ex for i, ex in enumerate(examples) if i not in held and texts[i] not in held_phrases]
+    return train, [examples[i] for i in sorted(held)]
+
+
+def validation_split(task: Task, examples: list, n_holdout: int, seed: int = 0) -> tuple[list, list, str]:
+    """The held-out validation part of a task without a dev file: (train, held-out, description)."""
+    if getattr(task, "phrase_level", False):
+        train, held = sentence_holdout(examples, n_holdout, seed)
+        return train, held, (f"{len(held)} whole sentences held out of the training file (seed {seed}; "
+                             f"{len(examples) - len(train) - len(held)} of their phrases removed from training)")
+    train, held = holdout_split(examples, n_holdout, seed)
+    return train, held, f"{len(held)} examples held out of the training file (seed {seed})"
+
+
 def _read_many(task: Task, spec: str | Path) -> list[dict]:
     """One file, or several joined with commas (SQuAD's train*.json shards)."""
     examples = []
@@ -101,8 +142,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         if holdout >= len(train_ex):
             raise DataError(f"{train_path}: {len(train_ex)} examples, too few to hold {holdout} out for "
                             "validation; give a validation file (--valid)")
-        train_ex, valid_ex = holdout_split(train_ex, holdout)
-        valid_desc = f"{holdout} examples held out of {train_path} (seed 0)"
+        train_ex, valid_ex, valid_desc = validation_split(task, train_ex, holdout)
     else:
         valid_ex, valid_desc = _read_many(task, valid_path), valid_path
     if max_train_samples and max_train_samples < len(train_ex):
