@@ -303,3 +303,31 @@ def test_finetune_an_electra_discriminator_on_sst2(data_dir, tmp_path, capsys):
     assert torch.allclose(net.backbone.embeddings.tok.weight, disc.backbone.embeddings.tok.weight)  # frozen
     assert main(["evaluate", "sst2", "--model", str(out), "--data", str(valid)]) == 0
     assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(summary["eval_accuracy"], abs=1e-3)
+
+
+def test_finetune_stops_on_a_non_finite_loss_naming_the_step(data_dir, tmp_path, capsys, monkeypatch):
+    """A NaN loss stops fine-tuning before the optimizer step, naming the step, and the kept best
+    checkpoint stays as it was."""
+    import attnlab
+    from attnlab.cli import main
+    from attnlab.config import ModelConfig
+    from attnlab.heads import SequenceClassification
+    base = tmp_path / "base"
+    attnlab.from_config(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)).save(base)
+    attnlab.load_tokenizer("minilm").save(base)
+    train = _sst2_head(data_dir, 64, tmp_path / "train.tsv")
+    calls = {"n": 0}
+    real = SequenceClassification.forward
+
+    def poisoned(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if self.training and out.loss is not None:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                out.loss = out.loss * float("nan")
+        return out
+    monkeypatch.setattr(SequenceClassification, "forward", poisoned)
+    assert main(["finetune", "sst2", "--model", str(base), "--output", str(tmp_path / "o"), "--train", str(train),
+                 "--valid", str(train), "--batch-size", "16", "--max-length", "16", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "loss became nan at step 3" in err and "no checkpoint was written yet" in err

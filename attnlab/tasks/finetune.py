@@ -222,6 +222,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         for idx in length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch):
             batch = collate([feats[i] for i in idx], tokenizer.pad_token_id)
             loss = loss_of(batch)
+            if not torch.isfinite(loss):  # stop before a NaN reaches the weights; the kept checkpoint is untouched
+                kept = f"the best checkpoint so far (step {best['step']}) is in {output}" if best else \
+                    "no checkpoint was written yet"
+                raise FloatingPointError(f"finetune {task.name}: loss became {loss.item()} at step {step + 1}; "
+                                         f"{kept}; lower --lr or check the data")
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
             optimizer.step()

@@ -252,6 +252,11 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
             for group in opt.param_groups:
                 group["lr"] = lr
             loss = net(input_ids=ids, attention_mask=(ids != 0).long(), labels=labels).loss
+            if not torch.isfinite(loss):  # stop before a NaN reaches the weights; the kept checkpoint is untouched
+                kept = f"the best checkpoint so far (step {best['step']}) is in {output}" if "step" in best else \
+                    "no checkpoint was written yet"
+                raise FloatingPointError(f"finetune translation: loss became {loss.item()} at step {step + 1}; "
+                                         f"{kept}; lower --lr-factor or check the data")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
