@@ -16,14 +16,20 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # resolved to the locally ins
 OUT = HERE.parent / "out" / "demo"  # everything the demo writes (git-ignored)
 
 
+def cli(argv: list[str]) -> None:
+    """Run one `attnlab` command; a failing step fails the demo instead of scrolling past."""
+    from attnlab.cli import main as attnlab
+    if attnlab(argv) != 0:
+        raise SystemExit(f"demo: `attnlab {' '.join(argv)}` failed")
+
+
 def section(title: str) -> None:
     print(f"\n{'=' * 100}\n{title}\n{'=' * 100}", flush=True)
 
 
 def show_info() -> None:
-    from attnlab.cli import main
     section(f"1. attnlab info {MINILM}: what the model is made of, one layer walked through")
-    main(["info", MINILM, "--seq-len", "128"])
+    cli(["info", MINILM, "--seq-len", "128"])
 
 
 def nearest_neighbours() -> None:
@@ -45,31 +51,28 @@ def nearest_neighbours() -> None:
 
 
 def attention_page() -> None:
-    from attnlab.cli import main
     section("3. attention views: one self-contained HTML page (head, model and neuron views)")
-    main(["viz", MINILM, "--text", "The cat sat on the mat.", "--text-b", "It was happy.",
+    cli(["viz", MINILM, "--text", "The cat sat on the mat.", "--text-b", "It was happy.",
           "--output", str(OUT / "attention.html")])
     print(f"open {OUT / 'attention.html'} in any browser (works offline)")
 
 
 def chat_with_smollm2() -> None:
-    from attnlab.cli import main
     section("4. a real pretrained decoder: SmolLM2-135M-Instruct from its GGUF file, KV-cached greedy decoding")
     print("attnlab generate smollm2 --chat --prompt 'What is the capital of France?'\n")
-    main(["generate", "smollm2", "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "24"])
+    cli(["generate", "smollm2", "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "24"])
 
 
 def pretrain_char_gpt() -> None:
-    from attnlab.cli import main
     section("5. pretraining from scratch: a character-level GPT on a bundled Shakespeare sample, then its curves")
     run = OUT / "gpt-char"
-    main(["pretrain", "--config", str(HERE.parent / "configs" / "pretrain-gpt-shakespeare-char.yaml"),
-          f"data.files=[{HERE / 'data' / 'shakespeare-sample.txt'}]", f"data.path={OUT / 'corpus-char'}",
-          "data.eval_batches=10", f"train.output_dir={run}", "train.max_steps=150", "train.warmup_steps=20",
-          "train.eval_every=75", "train.log_every=25", "train.save_every=150"])
-    main(["plot", str(run)])
+    cli(["pretrain", "--config", str(HERE.parent / "configs" / "pretrain-gpt-shakespeare-char.yaml"),
+         f"data.files=[{HERE / 'data' / 'shakespeare-sample.txt'}]", f"data.path={OUT / 'corpus-char'}",
+         "data.eval_batches=10", f"train.output_dir={run}", "train.max_steps=150", "train.warmup_steps=20",
+         "train.eval_every=75", "train.log_every=25", "train.save_every=150"])
+    cli(["plot", str(run)])
     print("\nsampling from the model trained a few seconds ago:")
-    main(["generate", str(run / "model"), "--prompt", "ROMEO:", "--max-new-tokens", "80",
+    cli(["generate", str(run / "model"), "--prompt", "ROMEO:", "--max-new-tokens", "58",
          "--temperature", "0.8", "--seed", "0"])
 
 
