@@ -50,21 +50,19 @@ def sentence_holdout(examples: list, n_holdout: int, seed: int = 0) -> tuple[lis
         if texts[i] in inside:
             continue
         roots.append(i)
-        words = texts[i].split()
-        for a in range(len(words)):
-            for b in range(a + 1, len(words) + 1):
-                phrase = " ".join(words[a:b])
-                if phrase in known and (b - a) < len(words):
-                    inside.add(phrase)
+        inside.update(p for p in _phrases(texts[i]) if p in known and p != texts[i])
     roots.sort()
     random.Random(seed).shuffle(roots)
     held = set(roots[:n_holdout])
-    held_phrases = set()
-    for i in held:
-        words = texts[i].split()
-        held_phrases.update(" ".join(words[a:b]) for a in range(len(words)) for b in range(a + 1, len(words) + 1))
+    held_phrases = {p for i in held for p in _phrases(texts[i])}
     train = [ex for i, ex in enumerate(examples) if i not in held and texts[i] not in held_phrases]
     return train, [examples[i] for i in sorted(held)]
+
+
+def _phrases(text: str):
+    """Every contiguous run of words in `text` (the sentence itself included)."""
+    words = text.split()
+    return (" ".join(words[a:b]) for a in range(len(words)) for b in range(a + 1, len(words) + 1))
 
 
 def validation_split(task: Task, examples: list, n_holdout: int, seed: int = 0) -> tuple[list, list, str]:
