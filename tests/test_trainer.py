@@ -239,3 +239,28 @@ def test_a_switch_the_hf_layout_cannot_express_falls_back_to_attnlabs_own(tmp_pa
     ids = torch.randint(0, 50, (2, 7))
     assert type(again).__name__ == "CausalLM"
     assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)
+
+
+def test_best_metric_keeps_the_best_evaluation_and_patience_stops_early(tmp_path):
+    """evaluate_fn scores by decoding (as GLUE/NER/QA do): every evaluation that beats the best so far goes
+    to on_best, a worse one does not, and `patience` evaluations without a new best stop the run there."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    data = [{"x": torch.randn(8, 4), "y": torch.randn(8, 1)} for _ in range(3)]
+    scores = iter([0.5, 0.7, 0.6, 0.65, 0.9])  # best at the 2nd evaluation; the 3rd and 4th are worse
+    kept: list[tuple[int, float]] = []
+    args = TrainArgs(output_dir=str(tmp_path), max_steps=10, lr=1e-2, log_every=1, eval_every=2, keep_last=0,
+                     progress=False, best_metric="accuracy", patience=2)
+    trainer = Trainer(model, args, data, loss_fn=lambda m, b: torch.nn.functional.mse_loss(m(b["x"]), b["y"]),
+                      evaluate_fn=lambda m: {"accuracy": next(scores)},
+                      on_best=lambda m, record: kept.append((record["step"], record["eval_accuracy"])))
+    trainer.train()
+    assert kept == [(2, 0.5), (4, 0.7)]
+    assert trainer.step == 8  # two evaluations (steps 6 and 8) without a new best
+    assert trainer.best == {"step": 4, "eval_accuracy": 0.7}
+    assert not (tmp_path / "checkpoints").exists()  # keep_last=0: no training checkpoints
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if "eval_accuracy" in line]
+    assert [r["step"] for r in evals] == [2, 4, 6, 8]
+    with pytest.raises(ValueError, match="train.patience needs train.best_metric"):
+        TrainArgs(output_dir=str(tmp_path), max_steps=1, patience=1).validate()

@@ -82,12 +82,14 @@ def run_model(model, features: Sequence[dict], pad_id: int, batch_size: int = 64
     from tqdm import tqdm
     was_training = model.training
     model.eval()
+    # the Trainer puts the model on CUDA when there is one (a stand-in model without weights stays on the CPU)
+    device = next(iter(model.parameters()), torch.empty(0)).device
     out: list[torch.Tensor | None] = [None] * len(features)
     batches = length_batches([len(f["input_ids"]) for f in features], batch_size, shuffle=False)
     for idx in tqdm(batches, desc="evaluate", disable=not progress, leave=False):
         batch = collate([features[i] for i in idx], pad_id)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       token_type_ids=batch["token_type_ids"]).logits.float()
+        logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                       token_type_ids=batch["token_type_ids"].to(device)).logits.float().cpu()
         for row, i in enumerate(idx):
             out[i] = logits[row] if logits.dim() == 2 else logits[row, :len(features[i]["input_ids"])]
     model.train(was_training)

@@ -1,11 +1,12 @@
 """Fine-tune a pretrained encoder on a task, evaluate it, predict with it.
 
-The loop is written out here (AdamW, linear warmup + decay, gradient clipping, evaluation every N steps,
-early stopping on the task's main metric, the best checkpoint kept) because the shared Trainer of
-`attnlab/training/` did not exist yet when this was written; it is kept small so that it can be folded
-into that Trainer later. Speed on CPU comes from length-bucketed batches (little padding) and, by
-default, a frozen word-embedding matrix: it is half of MiniLM's parameters, and its dense gradient and
-AdamW update cost more than they bring when fine-tuning.
+The loop is the shared `attnlab.training.Trainer` (AdamW without decay on biases and norms, linear
+warmup + decay, gradient clipping, the non-finite-loss stop); this module brings what is task-specific:
+the task's features, length-bucketed batches reshuffled each epoch, evaluation by the task's own metric
+(`evaluate_fn`), the best checkpoint kept in the output directory (`on_best`) and early stopping
+(`patience`). Speed on CPU comes from length-bucketed batches (little padding) and, by default, a frozen
+word-embedding matrix: it is half of MiniLM's parameters, and its dense gradient and AdamW update cost
+more than they bring when fine-tuning.
 """
 from __future__ import annotations
 
@@ -83,6 +84,33 @@ def _read_many(task: Task, spec: str | Path) -> list[dict]:
     return examples
 
 
+class EpochBatches:
+    """The training batches: length-bucketed (`length_batches`), reshuffled every epoch with seed + epoch.
+    Iterating yields the rest of the current epoch; `state_dict` is the position, for an exact resume."""
+
+    def __init__(self, features: list[dict], batch_size: int, pad_id: int, seed: int) -> None:
+        self.features, self.batch_size, self.pad_id, self.seed = features, batch_size, pad_id, seed
+        self.lengths = [len(f["input_ids"]) for f in features]
+        self.epoch, self.position = 0, 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.features) / self.batch_size)
+
+    def __iter__(self):
+        batches = length_batches(self.lengths, self.batch_size, shuffle=True, seed=self.seed + self.epoch)
+        while self.position < len(batches):
+            idx = batches[self.position]
+            self.position += 1
+            yield collate([self.features[i] for i in idx], self.pad_id)
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
 def resolve_files(task: Task, train_file=None, valid_file=None) -> tuple[str, str | None]:
     root = data_root()
     train = str(train_file) if train_file else str(root / task.train_file)
@@ -118,8 +146,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     layer (and the teacher's head) and learns from the teacher's soft targets at temperature T, the labels
     and the teacher's last hidden states (`distill`, a DistillConfig)."""
     import attnlab
-    from tqdm import tqdm
     from ..interop.hf import atomic_write
+    from ..training import TrainArgs, Trainer
     from ..training.checkpoint import save_model
 
     from . import get_task
@@ -155,7 +183,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(newly initialised|unused tensors).*")  # a fresh head
         net = load_for_task(task, model, task.model_extra(labels))
-    teacher, loss_of = None, (lambda batch: net(**batch).loss)
+    teacher, loss_fn = None, None  # None: the Trainer's model(**batch).loss
     if from_scratch:
         net.init_weights()
         net.tie_weights()
@@ -168,84 +196,32 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         init_student_from_teacher(net, teacher)
         cfg = distill or DistillConfig()
         cfg.validate()
-        loss_of = lambda batch: distill_loss(net, teacher, batch, cfg)[0]  # noqa: E731
+        loss_fn = lambda model, batch: distill_loss(model, teacher, batch, cfg)[0]  # noqa: E731
     _, label2id = labels_of(net)
     feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
     if freeze_embeddings:
         net.backbone.embeddings.tok.weight.requires_grad_(False)
-    net.train()
 
-    params = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
-    groups = [{"params": [p for n, p in params if p.dim() > 1], "weight_decay": weight_decay},
-              {"params": [p for n, p in params if p.dim() <= 1], "weight_decay": 0.0}]  # no decay: biases, norms
-    optimizer = torch.optim.AdamW(groups, lr=lr)
-    lengths = [len(f["input_ids"]) for f in feats]
-    steps_per_epoch = math.ceil(len(feats) / batch_size)
+    data = EpochBatches(feats, batch_size, tokenizer.pad_token_id, seed)
+    steps_per_epoch = len(data)
     total = max(1, math.ceil(steps_per_epoch * epochs))
-    warmup = int(total * warmup_ratio)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
+    args = TrainArgs(output_dir=str(output), max_steps=total, lr=lr, warmup_steps=int(total * warmup_ratio),
+                     schedule="linear", weight_decay=weight_decay, eps=1e-8, clip_norm=1.0, seed=seed,
+                     eval_every=eval_every or steps_per_epoch, log_every=log_every, keep_last=0,
+                     progress=progress, best_metric=task.main_metric, patience=patience or 0)
 
-    log_path = output / "metrics.jsonl"
-    log_path.write_text("")
-    def log(record: dict) -> None:
-        with open(log_path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+    def on_best(model, record: dict) -> None:  # the best checkpoint is the one kept, in the output itself
+        save_model(model, output)
+        tokenizer.save(output)
 
-    key = "eval_" + task.main_metric
-    best: dict = {}
-    evals_since_best, step, tokens, running = 0, 0, 0, None
-    bar = tqdm(total=total, desc=f"finetune {task.name}", disable=not progress, dynamic_ncols=True)
-
-    def run_eval() -> bool:
-        nonlocal best, evals_since_best
-        scores, _ = evaluate_examples(task, net, tokenizer, valid_ex, max_length)
-        net.train()
-        record = {"step": step, "epoch": round(step / steps_per_epoch, 3), "elapsed_s": round(time.time() - started, 1),
-                  **{f"eval_{k}": round(v, 4) for k, v in scores.items()}}
-        log(record)
-        if not best or record[key] > best[key]:
-            best, evals_since_best = record, 0
-            save_model(net, output)  # the best checkpoint is the one kept
-            tokenizer.save(output)
-        else:
-            evals_since_best += 1
-        bar.set_postfix(loss=f"{running:.4f}" if running is not None else "-", **{key: f"{record[key]:.2f}",
-                        "best": f"{best[key]:.2f}"})
-        return patience is not None and evals_since_best >= patience
-
-    stop = False
-    epoch = 0
-    while step < total and not stop:
-        for idx in length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch):
-            batch = collate([feats[i] for i in idx], tokenizer.pad_token_id)
-            loss = loss_of(batch)
-            if not torch.isfinite(loss):  # stop before a NaN reaches the weights; the kept checkpoint is untouched
-                kept = f"the best checkpoint so far (step {best['step']}) is in {output}" if best else \
-                    "no checkpoint was written yet"
-                raise FloatingPointError(f"finetune {task.name}: loss became {loss.item()} at step {step + 1}; "
-                                         f"{kept}; lower --lr or check the data")
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens += int(batch["attention_mask"].sum())
-            running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
-            bar.update(1)
-            bar.set_postfix(loss=f"{running:.4f}", **({"best": f"{best[key]:.2f}"} if best else {}))
-            if step % log_every == 0:
-                elapsed = time.time() - started
-                log({"step": step, "loss": round(running, 5), "lr": schedule.get_last_lr()[0],
-                     "elapsed_s": round(elapsed, 1), "tokens_per_s": round(tokens / elapsed, 1)})
-            end_of_epoch = step % steps_per_epoch == 0 or step == total
-            if (eval_every and step % eval_every == 0) or end_of_epoch:
-                stop = run_eval()
-            if stop or step >= total:
-                break
-        epoch += 1
-    bar.close()
+    trainer = Trainer(net, args, data, loss_fn=loss_fn,
+                      evaluate_fn=lambda model: evaluate_examples(task, model, tokenizer, valid_ex, max_length)[0],
+                      on_best=on_best)
+    if teacher is not None:
+        teacher.to(trainer.device)
+    trainer.train()
+    step, best = trainer.step, trainer.best
 
     summary = {"task": task.name, "model": str(model), "train": train_path, "valid": valid_desc,
                "train_examples": len(train_ex), "valid_examples": len(valid_ex), "steps": step,

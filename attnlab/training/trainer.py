@@ -8,6 +8,11 @@
                       metrics_fn=my_metrics)          # optional: summed eval `sums` -> {"accuracy": ...}
     trainer.train()                                   # returns the last evaluation's metrics
 
+A task scored by decoding rather than by summed losses (GLUE, NER, QA) passes `evaluate_fn(model) ->
+{"accuracy": ...}` instead of eval_data; with `best_metric` set, every evaluation that improves on it
+hands the model to `on_best` (default: save it to OUTPUT/best), and `patience` stops the run after that
+many evaluations without a new best (early stopping).
+
 What one optimizer step does: `grad_accum` micro-batches, each forward under autocast (bf16 when
 asked) and backward of loss / grad_accum; clip the global gradient norm; AdamW step; scheduler step.
 Every `log_every` steps a line goes to OUTPUT/metrics.jsonl ({"step", "loss", "lr", "tokens_per_s",
@@ -61,7 +66,7 @@ class TrainArgs:
     precision: str = "fp32"            # fp32 | bf16 (autocast; weights and optimizer stay fp32)
     eval_every: int = 0                # 0 = only after the last step
     save_every: int = 0                # 0 = only after the last step
-    keep_last: int = 2
+    keep_last: int = 2                 # training checkpoints kept (0 = none written: a run too short to resume)
     log_every: int = 10
     seed: int = 0
     resume: bool = False
@@ -69,6 +74,9 @@ class TrainArgs:
     device: str = "auto"               # auto | cpu | cuda
     nan_policy: str = "stop"           # stop | skip: what a non-finite loss or gradient norm does
     max_skips: int = 10                # nan_policy=skip: stop once more steps than this were skipped
+    best_metric: str = ""              # e.g. "accuracy": keep the model that scores best on eval_<best_metric>
+    greater_is_better: bool = True
+    patience: int = 0                  # > 0: stop after this many evaluations without a new best
 
     def validate(self) -> None:
         def positive(name):
@@ -76,6 +84,8 @@ class TrainArgs:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
         for name in ("max_steps", "grad_accum", "lr", "log_every"):
             positive(name)
+        if self.keep_last < 0:
+            raise ValueError(f"train.keep_last={self.keep_last} must not be negative")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train.schedule={self.schedule!r}: expected one of {', '.join(SCHEDULES)}")
         if self.precision not in ("fp32", "bf16"):
@@ -86,6 +96,10 @@ class TrainArgs:
             raise ValueError(f"train.nan_policy={self.nan_policy!r}: expected stop or skip")
         if self.max_skips < 0:
             raise ValueError(f"train.max_skips={self.max_skips} must not be negative")
+        if self.patience < 0:
+            raise ValueError(f"train.patience={self.patience} must not be negative")
+        if self.patience and not self.best_metric:
+            raise ValueError("train.patience needs train.best_metric (the metric that decides what is better)")
 
 
 def distributed_context() -> tuple[int, int, int]:
@@ -106,9 +120,12 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, args: TrainArgs, train_data: Iterable, *,
                  loss_fn: Callable | None = None, eval_data: Iterable | None = None,
                  metrics_fn: Callable[[dict], dict] | None = None,
-                 count_tokens: Callable[[dict], int] | None = None) -> None:
+                 count_tokens: Callable[[dict], int] | None = None,
+                 evaluate_fn: Callable[[torch.nn.Module], dict] | None = None,
+                 on_best: Callable[[torch.nn.Module, dict], None] | None = None) -> None:
         args.validate()
         self.args, self.train_data, self.eval_data = args, train_data, eval_data
+        self.evaluate_fn, self.on_best = evaluate_fn, on_best
         self.loss_fn, self.metrics_fn = loss_fn or default_loss, metrics_fn
         self.count_tokens = count_tokens or _count_tokens
         self.rank, self.world, local_rank = distributed_context()
@@ -131,6 +148,8 @@ class Trainer:
         self.batches_seen = 0
         self.skips = 0                 # steps skipped for a non-finite loss (nan_policy=skip)
         self.last_eval: dict[str, float] = {}
+        self.best: dict[str, float] = {}    # {"step", "eval_*"} of the best evaluation (args.best_metric)
+        self.evals_since_best = 0
 
     # ------------------------------------------------------------------------------------ helpers
     @property
@@ -184,10 +203,13 @@ class Trainer:
         else:
             ranks = [mine]
         return {"step": self.step, "batches_seen": self.batches_seen, "skips": self.skips,
+                "best": self.best, "evals_since_best": self.evals_since_best,
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "ranks": ranks,
                 "world_size": self.world, "args": asdict(self.args)}
 
     def save(self) -> Path | None:
+        if self.args.keep_last == 0:
+            return None
         state = self.state_dict()  # a collective under DDP: every rank takes part
         path = None
         if self.is_main:
@@ -209,6 +231,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self.skips = state.get("skips", 0)
+        self.best, self.evals_since_best = state.get("best", {}), state.get("evals_since_best", 0)
         mine = state["ranks"][self.rank]
         torch.set_rng_state(mine["torch_rng"])
         if mine["cuda_rng"] is not None:
@@ -235,6 +258,8 @@ class Trainer:
             return
         found = list_checkpoints(self.output)
         last = f"last good checkpoint: {found[-1]}" if found else "no checkpoint was written yet"
+        if self.best:
+            last += f"; the best model so far (step {self.best['step']}) is kept"
         plural = "s" if self.skips != 1 else ""
         why = f" after {self.skips} skipped step{plural} (train.max_skips={args.max_skips})" if self.skips else ""
         raise FloatingPointError(f"{what} at step {step}{why}; stopped before updating the weights; {last}. "
@@ -244,6 +269,12 @@ class Trainer:
     # ------------------------------------------------------------------------------------ loops
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        if self.evaluate_fn is not None:
+            self.model.eval()
+            metrics = self.evaluate_fn(self.model)
+            self.model.train()
+            self.last_eval = {f"eval_{k}": float(v) for k, v in metrics.items()}
+            return self.last_eval
         if self.eval_data is None:
             return {}
         self.model.eval()
@@ -325,29 +356,60 @@ class Trainer:
                           "tokens_per_s": round(tps, 1), "elapsed_s": round(now - start, 2)}
                 self._log(record)
                 bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tps:,.0f}")
+            early_stop = False
             if (args.eval_every and self.step % args.eval_every == 0) or self.step == args.max_steps:
-                metrics = self.evaluate()
-                if metrics:
-                    self._log({"step": self.step, **{k: round(v, 6) for k, v in metrics.items()}})
-                    bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+                early_stop = self._evaluated(self.evaluate(), bar)
             out_of_time = False
             if args.max_minutes > 0:  # every rank takes part, so all of them stop at the same step
                 late = float(time.perf_counter() - start >= args.max_minutes * 60)
                 out_of_time = self._mean_over_ranks(late) > 0
-            if (args.save_every and self.step % args.save_every == 0) or self.step == stop or out_of_time:
+            if (args.save_every and self.step % args.save_every == 0) or self.step == stop or out_of_time \
+                    or early_stop:
                 self.save()
+            if early_stop and self.step < stop:
+                bar.write(f"stopped at step {self.step}: no better eval_{args.best_metric} in "
+                          f"{self.evals_since_best} evaluations (train.patience={args.patience})")
+                break
             if out_of_time and self.step < stop:
                 bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached")
                 if not (args.eval_every and self.step % args.eval_every == 0):
-                    metrics = self.evaluate()
-                    if metrics:
-                        self._log({"step": self.step, **{k: round(v, 6) for k, v in metrics.items()}})
+                    self._evaluated(self.evaluate(), bar)
                 break
         bar.close()
         if self.skips and self.is_main:
             print(f"skipped {self.skips} steps with a non-finite loss or gradient (train.nan_policy=skip)",
                   file=sys.stderr)
         return self.last_eval
+
+
+    def _evaluated(self, metrics: dict[str, float], bar) -> bool:
+        """Log an evaluation and keep the best model; True when early stopping says stop."""
+        if not metrics:
+            return False
+        self._log({"step": self.step, **{k: round(v, 6) for k, v in metrics.items()}})
+        args = self.args
+        if args.best_metric:
+            key = f"eval_{args.best_metric}"
+            if key not in metrics:
+                raise ValueError(f"train.best_metric={args.best_metric!r}: the evaluation gives "
+                                 f"{', '.join(k[5:] for k in metrics)}")
+            old = self.best.get(key)
+            if old is None or (metrics[key] > old if args.greater_is_better else metrics[key] < old):
+                self.best, self.evals_since_best = {"step": self.step, **metrics}, 0
+                if self.is_main and self.on_best is not None:
+                    self.on_best(self.model, self.best)
+                elif self.is_main:
+                    _save_best(self.model, self.output)
+            else:
+                self.evals_since_best += 1
+            bar.set_postfix(**{args.best_metric: f"{metrics[key]:.4f}", "best": f"{self.best[key]:.4f}"})
+        bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        return args.patience > 0 and self.evals_since_best >= args.patience
+
+
+def _save_best(model, output: Path) -> None:
+    from .checkpoint import save_model
+    save_model(model, output / "best")
 
 
 def _logged_by(line: str, step: int) -> bool:
