@@ -76,7 +76,69 @@ def pretrain_char_gpt() -> None:
          "--temperature", "0.8", "--seed", "0"])
 
 
-SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt]
+def finetune_sentiment() -> None:
+    section("6. fine-tuning: a [CLS] classifier on all-MiniLM-L6-v2, then evaluate and predict")
+    data = HERE / "data"  # 40 + 10 sentences written for this demo (the real GLUE runs read ATTNLAB_DATA)
+    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment"), "--train",
+         str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
+         "--lr", "1e-4", "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+    print("\nattnlab evaluate sst2 on the 10 held-out sentences:")
+    cli(["evaluate", "sst2", "--model", str(OUT / "sentiment"), "--data", str(data / "sentiment-valid.tsv")])
+    cli(["predict", "sst2", "--model", str(OUT / "sentiment"), "--input", str(data / "sentiment-inputs.txt"),
+         "--output", str(OUT / "sentiment-predictions.tsv")])
+    inputs = (data / "sentiment-inputs.txt").read_text().splitlines()
+    labels = (OUT / "sentiment-predictions.tsv").read_text().splitlines()
+    print(f"\nattnlab predict ({OUT / 'sentiment-predictions.tsv'}; 1 = positive):")
+    for text, label in zip(inputs, labels):
+        print(f"  {label}  {text}")
+
+
+def serve_over_http() -> None:
+    import json
+    import socket
+    import subprocess
+    import urllib.request
+    section("7. attnlab serve: the fine-tuned classifier over HTTP (OpenAI-shaped embeddings, classify)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    print(f"attnlab serve {OUT / 'sentiment'} --port {port}")
+    server = subprocess.Popen([sys.executable, "-m", "attnlab", "serve", str(OUT / "sentiment"), "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+    try:
+        for _ in range(600):  # the server is up once /health answers
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    print("GET /health ->", json.loads(r.read())["status"])
+                break
+            except OSError:
+                if server.poll() is not None:
+                    raise SystemExit("demo: attnlab serve exited early")
+                time.sleep(0.1)
+        texts = ["I would watch it again tomorrow.", "Never again, what a letdown."]
+        out = post("/v1/classify", {"input": texts})
+        for text, item in zip(texts, out["data"]):
+            print(f"POST /v1/classify  {text!r} -> {item['label']} ({item['score']:.2f})")
+        emb = post("/v1/embeddings", {"input": texts})
+        print(f"POST /v1/embeddings -> {len(emb['data'])} vectors of {len(emb['data'][0]['embedding'])} numbers")
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def encoder_decoder() -> None:
+    section("8. an encoder-decoder: the original Transformer preset, its encoder and decoder stacks counted")
+    cli(["info", "transformer-base", "--seq-len", "32"])
+
+
+SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
+            finetune_sentiment, serve_over_http, encoder_decoder]
 
 
 def main() -> int:
