@@ -133,8 +133,8 @@ def serve_over_http() -> None:
 
 
 def encoder_decoder() -> None:
-    section("8. an encoder-decoder: the original Transformer preset, its encoder and decoder stacks counted")
-    cli(["info", "transformer-base", "--seq-len", "32"])
+    section("8. an encoder-decoder: the original Transformer preset, encoder layer and decoder layer (cross-attention) walked through")
+    cli(["info", "transformer-base", "--seq-len", "32", "--explain"])
 
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,

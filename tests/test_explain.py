@@ -109,3 +109,38 @@ def test_cli_explain_any_config(capsys):
     assert "num_kv_heads=5 does not divide num_heads=12" in capsys.readouterr().err
     assert main(["info", "bert-base", "--set", "heads"]) == 1
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["transformer-base", "t5-small"])
+def test_encoder_decoder_walks_both_stacks_through(preset):
+    """An encoder-decoder has two layer kinds: the encoder's, and the decoder's with cross-attention; their
+    parameters are the blocks' and the FLOP totals count both stacks."""
+    from attnlab.models.seq2seq import Seq2SeqLM
+    cfg = attnlab.preset(preset)
+    model = build_on_meta(Seq2SeqLM, cfg)
+    ex = explain_model(model, 64)
+    enc, dec = ex.kinds
+    assert enc.params == count(model.encoder.layers[0]) and dec.params == count(model.decoder.layers[0])
+    assert len(enc.layers) == len(model.encoder.layers) and len(dec.layers) == len(model.decoder.layers)
+    assert ex.layer_params == enc.params * len(enc.layers) + dec.params * len(dec.layers)
+    assert ex.embedding_params + ex.layer_params + ex.other_params == ex.total_params == count(model)
+    assert ex.layer_flops == enc.flops * len(enc.layers) + dec.flops * len(dec.layers)
+    assert any(s.text.startswith("cross-attention") for s in dec.steps)
+    assert "layer type B: decoder stack" in format_explanation(ex)
+
+
+def test_cross_attention_flops_match_torchs_counter():
+    """A decoder block's matmul FLOPs (self-attention, cross-attention over a source of another length,
+    FFN) equal what torch counts."""
+    from attnlab.nn.attention import AttentionMask
+    from attnlab.viz.explain import cross_attention_steps, layer_walkthrough
+    cfg = attnlab.preset("transformer-base", hidden_size=64, num_heads=4, intermediate_size=128,
+                         attn_implementation="eager").replace(causal=True)
+    n, m = 12, 20
+    block = Block(cfg, cross_attention=True).eval()
+    x, memory = torch.randn(1, n, 64), torch.randn(1, m, 64)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        block(x, AttentionMask.build(None, n, n, causal=True), memory=memory, need_weights=True)
+    steps = layer_walkthrough(cfg, n) + cross_attention_steps(cfg, n, m)
+    elementwise = 5 * 4 * n * n + 5 * 4 * n * m + 3 * 8 * n * 64
+    assert sum(s.flops for s in steps) - elementwise == counter.get_total_flops()

@@ -155,6 +155,37 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
     return steps
 
 
+def cross_attention_steps(cfg: ModelConfig, n: int, m: int) -> list[Step]:
+    """A decoder block's encoder-decoder attention (Vaswani et al. 2017, §3.2.3): queries from the n target
+    positions, keys and values from the encoder's output over m source tokens."""
+    d, h, hk, dh = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head
+    b = 1 if cfg.bias else 0
+    norm = "LayerNorm" if cfg.norm == "layernorm" else "RMSNorm"
+    norm_params = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+    return [
+        Step(f"cross-attention: Q = decoder ({n}×{d})@({d}×{h * dh}); K, V = encoder output, two "
+             f"({m}×{d})@({d}×{hk * dh})",
+             _mm(n, d, h * dh) + 2 * _mm(m, d, hk * dh), d * h * dh + 2 * d * hk * dh + b * (h + 2 * hk) * dh,
+             n * h * dh + 2 * m * hk * dh),
+        Step(f"cross scores softmax(QKᵀ/√{dh}): ({h}×{n}×{m}); every target token sees every source token",
+             h * _mm(n, dh, m) + 5 * h * n * m, activations=2 * h * n * m),
+        Step(f"weighted sum of the source values: ({h}×{n}×{m})@({h}×{m}×{dh}) -> ({h}×{n}×{dh})",
+             h * _mm(n, m, dh), activations=h * n * dh),
+        Step(f"concatenate heads, output projection ({n}×{h * dh})@({h * dh}×{d})", _mm(n, h * dh, d),
+             h * dh * d + b * d, n * d),
+        Step(f"add & norm: {norm}(x + cross(x, enc)) ({n}×{d})" if cfg.norm_placement == "post"
+             else f"pre-norm: x + cross({norm}(x), enc) ({n}×{d})", 8 * n * d, norm_params, n * d),
+    ]
+
+
+def decoder_walkthrough(cfg: ModelConfig, seq_len: int, source_len: int | None = None) -> list[Step]:
+    """One encoder-decoder decoder block: causal self-attention, cross-attention, FFN (`cfg` is the
+    decoder stack's config)."""
+    steps = layer_walkthrough(cfg, seq_len)
+    ffn = next(i for i, s in enumerate(steps) if s.text.startswith("FFN"))
+    return steps[:ffn] + cross_attention_steps(cfg, seq_len, source_len or seq_len) + steps[ffn:]
+
+
 def human(n: float) -> str:
     for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..config import ModelConfig
-from .explain import Step, count, human, layer_walkthrough
+from .explain import Step, count, decoder_walkthrough, human, layer_walkthrough
 
 
 @dataclass
@@ -30,6 +30,7 @@ class LayerKind:
     name: str
     layers: list[int]
     steps: list[Step]
+    stack: int = 0  # layers in this kind's stack (0: the config's num_layers)
 
     @property
     def flops(self) -> int:
@@ -68,6 +69,11 @@ class Explanation:
     def activations(self) -> int:
         """Elements kept for backward: the embedding output plus every layer's."""
         return self.seq_len * self.config.hidden_size + sum(k.activations * len(k.layers) for k in self.kinds)
+
+    @property
+    def attention_scores(self) -> int:
+        """Elements of the score and probability matrices (heads × queries × keys), over all layers."""
+        return sum(s.activations * len(k.layers) for k in self.kinds for s in k.steps if "scores" in s.text)
 
     @property
     def kv_cache(self) -> int:
@@ -114,6 +120,13 @@ def explain_model(model: nn.Module, seq_len: int, bytes_per: int = 4) -> Explana
     ex.total_params = count(model)
     if isinstance(getattr(model, "encoder", None), nn.Module) and isinstance(getattr(model, "decoder", None), nn.Module):
         stacks = [model.encoder, model.decoder]  # an encoder-decoder: both stacks' embeddings and layers
+        dec = model.decoder.config
+        for kind in ex.kinds:
+            kind.name = kind.name.replace("encoder layer", "encoder stack: layer")
+            kind.stack = cfg.num_layers
+        # the source is taken as long as the target (seq_len tokens each)
+        ex.kinds.append(LayerKind("decoder stack: layer (causal self-attention + cross-attention)", list(range(dec.num_layers)),
+                                  decoder_walkthrough(dec, seq_len), stack=dec.num_layers))
     else:
         stacks = [getattr(model, "backbone", model)]
     ex.embedding_params = count(nn.ModuleList(s.embeddings for s in stacks))
@@ -150,7 +163,7 @@ def format_explanation(ex: Explanation) -> str:
                      "itself cannot run this length (the arithmetic below is still what it would cost)")
     for letter, kind in zip("ABCDEFGH", ex.kinds):
         lines.append(f"layer type {letter}: {kind.name} — layers {_layer_list(kind.layers)} "
-                     f"({len(kind.layers)} of {cfg.num_layers})")
+                     f"({len(kind.layers)} of {kind.stack or cfg.num_layers})")
         lines.append(f"  {'':>3} {'step':<100} {'params':>12} {'FLOPs':>11} {'activations':>12}")
         for i, step in enumerate(kind.steps, 1):
             params = f"{step.params:,}" if step.params else ""
@@ -169,7 +182,7 @@ def format_explanation(ex: Explanation) -> str:
     lines.append(f"  forward FLOPs: {per}{head} = {human(ex.forward_flops)}FLOP "
                  f"({human(ex.forward_flops / n)}FLOP per token); a training step ≈ 3× = "
                  f"{human(3 * ex.forward_flops)}FLOP")
-    attn_part = sum(2 * cfg.num_heads * n * n * len(k.layers) for k in ex.kinds)
+    attn_part = ex.attention_scores
     lines.append(f"  activation memory kept for backward: {_size(ex.activations, bp)} per sequence "
                  f"(attention scores/probabilities {_size(attn_part, bp)} of it: grows with {n}²)")
     if cfg.causal:
