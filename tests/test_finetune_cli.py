@@ -44,7 +44,9 @@ def test_finetune_mrpc_then_evaluate_and_predict(tiny, data_dir, tmp_path, capsy
     assert all("step" in l for l in lines) and any("eval_f1" in l for l in lines)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"] and config["id2label"] == {"0": "0", "1": "1"}
-    capsys.readouterr()
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == summary  # stdout is the summary alone (pipeable); progress goes to stderr
+    assert "step " in printed.err
 
     # the kept checkpoint is the best one: evaluating it reproduces the best validation scores
     assert main(["evaluate", "mrpc", "--model", str(out), "--data", str(valid)]) == 0  # max-length from metrics.json

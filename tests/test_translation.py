@@ -56,6 +56,11 @@ def test_batches_schedule_and_bleu():
     peak = inverse_sqrt_lr(4000, 512, 4000)
     assert inverse_sqrt_lr(2000, 512, 4000) == pytest.approx(peak / 2)
     assert inverse_sqrt_lr(16000, 512, 4000) == pytest.approx(peak / 2)
+    # the Trainer's inverse_sqrt schedule (0-based steps) times the peak is the paper's formula (1-based)
+    from attnlab.training import lr_factor
+    for step in (0, 1, 999, 3999, 4000, 16000):
+        got = peak * lr_factor(step, warmup_steps=4000, max_steps=1, schedule="inverse_sqrt")
+        assert got == pytest.approx(inverse_sqrt_lr(step + 1, 512, 4000), rel=1e-12)
     assert peak == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
     assert bleu(["Ein Hund läuft im Schnee ."], ["Ein Hund läuft im Schnee ."])["bleu"] == 100.0
 

@@ -95,6 +95,6 @@ def _translation(args: argparse.Namespace) -> int:
                                    max_length=args.max_length or 128, epochs=args.epochs or 30.0,
                                    max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
                                    eval_every=args.eval_every, eval_beams=args.eval_beams, seed=args.seed,
-                                   max_eval_sentences=args.max_eval_samples)
+                                   max_eval_sentences=args.max_eval_samples, progress=args.progress)
     print(json.dumps(summary))
     return 0

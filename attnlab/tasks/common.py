@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -43,6 +43,35 @@ def length_batches(lengths: Sequence[int], batch_size: int, *, shuffle: bool, se
         batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return batches
+
+
+class EpochBatches:
+    """Training batches for the Trainer, reshuffled every epoch: `plan(epoch)` gives that epoch's batches
+    of example indices (length-bucketed, shuffled with a seed derived from the epoch), `make(indices)`
+    builds one batch. Iterating yields the rest of the current epoch; `state_dict` is the position, so a
+    resumed run continues with the very batch it would have taken next."""
+
+    def __init__(self, plan: Callable[[int], list[list[int]]], make: Callable[[list[int]], dict]) -> None:
+        self.plan, self.make = plan, make
+        self.epoch, self.position = 0, 0
+        self._len = len(plan(0))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self):
+        batches = self.plan(self.epoch)
+        while self.position < len(batches):
+            idx = batches[self.position]
+            self.position += 1
+            yield self.make(idx)
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 def collate(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .base import Task, data_root, labels_of
-from .common import DataError, collate, length_batches
+from .common import DataError, EpochBatches, collate, length_batches
 
 
 def _seed_all(seed: int) -> None:
@@ -82,33 +82,6 @@ def _read_many(task: Task, spec: str | Path) -> list[dict]:
     for part in str(spec).split(","):
         examples += task.read(part)
     return examples
-
-
-class EpochBatches:
-    """The training batches: length-bucketed (`length_batches`), reshuffled every epoch with seed + epoch.
-    Iterating yields the rest of the current epoch; `state_dict` is the position, for an exact resume."""
-
-    def __init__(self, features: list[dict], batch_size: int, pad_id: int, seed: int) -> None:
-        self.features, self.batch_size, self.pad_id, self.seed = features, batch_size, pad_id, seed
-        self.lengths = [len(f["input_ids"]) for f in features]
-        self.epoch, self.position = 0, 0
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.features) / self.batch_size)
-
-    def __iter__(self):
-        batches = length_batches(self.lengths, self.batch_size, shuffle=True, seed=self.seed + self.epoch)
-        while self.position < len(batches):
-            idx = batches[self.position]
-            self.position += 1
-            yield collate([self.features[i] for i in idx], self.pad_id)
-        self.epoch, self.position = self.epoch + 1, 0
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 def resolve_files(task: Task, train_file=None, valid_file=None) -> tuple[str, str | None]:
@@ -202,7 +175,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     if freeze_embeddings:
         net.backbone.embeddings.tok.weight.requires_grad_(False)
 
-    data = EpochBatches(feats, batch_size, tokenizer.pad_token_id, seed)
+    lengths, pad_id = [len(f["input_ids"]) for f in feats], tokenizer.pad_token_id
+    data = EpochBatches(lambda epoch: length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch),
+                        lambda idx: collate([feats[i] for i in idx], pad_id))
     steps_per_epoch = len(data)
     total = max(1, math.ceil(steps_per_epoch * epochs))
     (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)

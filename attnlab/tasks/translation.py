@@ -6,9 +6,10 @@ vocabulary learned on the training data, training from scratch, beam-search tran
     evaluate_translation("out/en-de", "val.en", "val.de")     # {"bleu": 34.1, "signature": ...}
 
 Parallel files hold one sentence per line, line i of the source translating line i of the target.
-The training loop is written out here (a thin one: the shared Trainer was not committed when this was
-written): Adam(0.9, 0.98, 1e-9) with lr = factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3),
-label smoothing 0.1 (§5.4), batches of about `max_tokens` tokens of similar length (§5.1).
+Training runs on the shared `attnlab.training.Trainer` (its non-finite-loss stop, progress bar, time
+budget, keep-best and metrics.jsonl): Adam(0.9, 0.98, 1e-9) with lr = factor * d^-0.5 * min(step^-0.5,
+step * warmup^-1.5) (§5.3, the `inverse_sqrt` schedule), label smoothing 0.1 (§5.4), batches of about
+`max_tokens` tokens of similar length reshuffled every epoch (§5.1), the best validation BLEU kept.
 """
 from __future__ import annotations
 
@@ -126,9 +127,10 @@ def translate(model, tokenizer, sentences: Sequence[str], *, num_beams: int = 1,
     rows = encode(tokenizer, [sentences[i] for i in idx], max_length, "input sentences")
     was_training = model.training
     model.eval()
+    device = next(iter(model.parameters()), torch.empty(0)).device
     # beams multiply the rows each batch decodes; keep the work per batch about the same
     for batch in token_batches([len(r) for r in rows], max(max_tokens // num_beams, max_length), shuffle=False):
-        ids = pad([rows[j] for j in batch], model.config.pad_token_id or 0)
+        ids = pad([rows[j] for j in batch], model.config.pad_token_id or 0).to(device)
         mask = (ids != (model.config.pad_token_id or 0)).long()
         new = min(int(ids.size(1) * 1.5) + 10, model.decoder.config.max_position_embeddings - 1)
         gen = generate(model, ids, mask, max_new_tokens=new, num_beams=num_beams, length_penalty=length_penalty)
@@ -187,7 +189,6 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
 
-
 def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src: str | Path | None,
                          valid_tgt: str | Path | None, output: str | Path, *, src_lang: str = "src",
                          tgt_lang: str = "tgt", model: str = "transformer-base", overrides: dict | None = None,
@@ -195,15 +196,16 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
                          epochs: float = 30.0, max_steps: int | None = None, max_minutes: float | None = None,
                          warmup: int | None = None, lr_factor: float = 1.0, eval_every: int | None = None,
                          eval_beams: int = 1, max_eval_sentences: int | None = None, seed: int = 42,
-                         log_every: int = 50, threads: int | None = None) -> dict:
+                         log_every: int = 50, threads: int | None = None, progress: bool = True) -> dict:
     """Train an encoder-decoder from scratch (`model` = a preset name, resized by `overrides`) or
     further (`model` = a directory with a tokenizer) on a parallel corpus. The checkpoint with the best
     validation BLEU is written to `output` with its tokenizer; metrics.jsonl logs the run, metrics.json
     (returned) sums it up."""
-    import attnlab
     from ..config import PRESETS, preset
     from ..interop.hf import atomic_write
     from ..models.seq2seq import Seq2SeqLM
+    from ..training import TrainArgs, Trainer
+    from .common import EpochBatches
     if threads:
         torch.set_num_threads(threads)
     random.seed(seed)
@@ -232,64 +234,49 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     src_rows = encode(tok, [p[0] for p in pairs], max_length, f"{train_src} sentences")
     tgt_rows = encode(tok, [p[1] for p in pairs], max_length, f"{train_tgt} sentences")
     lengths = [max(len(a), len(b)) for a, b in zip(src_rows, tgt_rows)]
-    rng = random.Random(seed)
-    steps_per_epoch = len(token_batches(lengths, max_tokens, shuffle=False))
+
+    def make(idx: list[int]) -> dict:
+        ids = pad([src_rows[i] for i in idx], 0)
+        return {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": pad([tgt_rows[i] for i in idx], -100)}
+
+    data = EpochBatches(lambda epoch: token_batches(lengths, max_tokens, shuffle=True, rng=random.Random(seed + epoch)),
+                        make)
+    steps_per_epoch = len(data)
     total = max_steps or int(math.ceil(epochs * steps_per_epoch))
     warmup = warmup or int(cfg.extra.get("warmup_steps", 4000))
-    betas = tuple(cfg.extra.get("adam_betas", (0.9, 0.98)))
-    opt = torch.optim.Adam(net.parameters(), lr=0.0, betas=betas, eps=float(cfg.extra.get("adam_eps", 1e-9)))
-    eval_every = eval_every or steps_per_epoch
+    beta1, beta2 = (float(b) for b in cfg.extra.get("adam_betas", (0.9, 0.98)))
     tok.save(output)
-    log = open(output / "metrics.jsonl", "a", encoding="utf-8")
-    best: dict = {"bleu": -1.0}
-    start, step, seen_tokens, stop = time.time(), 0, 0, False
-    net.train()
-    while not stop:
-        for batch in token_batches(lengths, max_tokens, shuffle=True, rng=rng):
-            ids = pad([src_rows[i] for i in batch], 0)
-            labels = pad([tgt_rows[i] for i in batch], -100)
-            lr = inverse_sqrt_lr(step + 1, cfg.hidden_size, warmup, lr_factor)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            loss = net(input_ids=ids, attention_mask=(ids != 0).long(), labels=labels).loss
-            if not torch.isfinite(loss):  # stop before a NaN reaches the weights; the kept checkpoint is untouched
-                kept = f"the best checkpoint so far (step {best['step']}) is in {output}" if "step" in best else \
-                    "no checkpoint was written yet"
-                raise FloatingPointError(f"finetune translation: loss became {loss.item()} at step {step + 1}; "
-                                         f"{kept}; lower --lr-factor or check the data")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            step += 1
-            seen_tokens += int((labels != -100).sum()) + int((ids != 0).sum())
-            elapsed = time.time() - start
-            out_of_time = max_minutes is not None and elapsed > max_minutes * 60
-            record = None
-            if step % log_every == 0:
-                record = {"step": step, "loss": round(loss.item(), 4), "lr": lr, "elapsed_s": round(elapsed, 1),
-                          "tokens_per_s": round(seen_tokens / max(elapsed, 1e-9), 1)}
-            if valid is not None and (step % eval_every == 0 or step >= total or out_of_time):
-                scores = _validate(net, tok, valid, eval_beams, max_length)
-                record = {**(record or {"step": step, "elapsed_s": round(elapsed, 1)}),
-                          **{f"eval_{k}": v for k, v in scores.items() if k != "signature"}}
-                if scores["bleu"] > best["bleu"]:
-                    best = {**scores, "step": step, "elapsed_s": round(elapsed, 1)}
-                    net.save(output)
-            if record is not None:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-            if step >= total or out_of_time:
-                stop = True
-                break
+    (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
+    args = TrainArgs(output_dir=str(output), max_steps=total, max_minutes=max_minutes or 0.0,
+                     lr=inverse_sqrt_lr(warmup, cfg.hidden_size, warmup, lr_factor),  # the peak, at step = warmup
+                     schedule="inverse_sqrt", warmup_steps=warmup, weight_decay=0.0,  # AdamW without decay = Adam
+                     beta1=beta1, beta2=beta2, eps=float(cfg.extra.get("adam_eps", 1e-9)), clip_norm=1.0,
+                     eval_every=(eval_every or steps_per_epoch) if valid is not None else 0, log_every=log_every,
+                     keep_last=0, seed=seed, progress=progress, best_metric="bleu" if valid is not None else "")
+    scores: dict = {}   # the full sacreBLEU result of the latest validation (the Trainer keeps numbers only)
+    best: dict = {}
+    start = time.time()
+
+    def evaluate(model) -> dict:
+        scores.clear()
+        scores.update(_validate(model, tok, valid, eval_beams, max_length))
+        return {k: v for k, v in scores.items() if isinstance(v, (int, float))}
+
+    def on_best(model, record: dict) -> None:
+        best.clear()
+        best.update(scores, step=record["step"], elapsed_s=round(time.time() - start, 1))
+        model.save(output)
+
+    trainer = Trainer(net, args, data, evaluate_fn=evaluate if valid is not None else None, on_best=on_best,
+                      count_tokens=lambda b: int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()))
+    trainer.train()
     if valid is None:
         net.save(output)
-    log.close()
-    summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang, "steps": step,
-               "epochs": round(step / steps_per_epoch, 2), "train_pairs": len(pairs),
+    summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang, "steps": trainer.step,
+               "epochs": round(trainer.step / steps_per_epoch, 2), "train_pairs": len(pairs),
                "minutes": round((time.time() - start) / 60, 1),
                "parameters": net.num_parameters(), "vocab_size": tok.vocab_size, "max_length": max_length,
-               "best": best if valid is not None else None, "config": {k: v for k, v in cfg.to_dict().items()
+               "best": dict(best) if valid is not None else None, "config": {k: v for k, v in cfg.to_dict().items()
                                                                       if k in ("hidden_size", "num_layers", "num_heads",
                                                                                "intermediate_size", "dropout")}}
     atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))

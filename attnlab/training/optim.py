@@ -7,6 +7,9 @@ fewer than 2 dimensions get no decay.
 Schedule: linear warmup from 0 to `lr` over `warmup_steps`, then linear or cosine decay to
 `min_lr_ratio * lr` at `max_steps` (or `constant`). For lr=1e-3, warmup 10, max 110, cosine:
 step 0 -> 0, step 5 -> 5e-4, step 10 -> 1e-3, step 60 -> 5e-4, step 110 -> 0.
+`inverse_sqrt` is the original Transformer's (Vaswani et al. 2017, §5.3): with s = step + 1, the factor
+min(s / warmup, sqrt(warmup / s)) rises linearly to 1 at s = warmup and then falls as 1/sqrt(s), so
+lr * factor equals d^-0.5 * min(s^-0.5, s * warmup^-1.5) when lr = d^-0.5 * warmup^-0.5.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-SCHEDULES = ("linear", "cosine", "constant")
+SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -30,6 +33,9 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, schedule: str = "
     """Multiplier of the peak learning rate at `step` (0-based: the update about to be made)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if schedule == "inverse_sqrt":  # 1-based like the paper's step_num: the first update is not at lr 0
+        s, w = step + 1, max(warmup_steps, 1)
+        return min(s / w, math.sqrt(w / s))
     if warmup_steps and step < warmup_steps:
         return step / warmup_steps
     if schedule == "constant":

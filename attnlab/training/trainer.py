@@ -254,7 +254,8 @@ class Trainer:
             self.skips += 1
             self._log({"step": step, "skipped": what, "skipped_steps": self.skips})
             if self.is_main:
-                bar.write(f"step {step}: {what}; step skipped ({self.skips} of train.max_skips={args.max_skips})")
+                bar.write(f"step {step}: {what}; step skipped ({self.skips} of train.max_skips={args.max_skips})",
+                          file=sys.stderr)
             return
         found = list_checkpoints(self.output)
         last = f"last good checkpoint: {found[-1]}" if found else "no checkpoint was written yet"
@@ -368,10 +369,11 @@ class Trainer:
                 self.save()
             if early_stop and self.step < stop:
                 bar.write(f"stopped at step {self.step}: no better eval_{args.best_metric} in "
-                          f"{self.evals_since_best} evaluations (train.patience={args.patience})")
+                          f"{self.evals_since_best} evaluations (train.patience={args.patience})", file=sys.stderr)
                 break
             if out_of_time and self.step < stop:
-                bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached")
+                bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached",
+                          file=sys.stderr)
                 if not (args.eval_every and self.step % args.eval_every == 0):
                     self._evaluated(self.evaluate(), bar)
                 break
@@ -403,7 +405,8 @@ class Trainer:
             else:
                 self.evals_since_best += 1
             bar.set_postfix(**{args.best_metric: f"{metrics[key]:.4f}", "best": f"{self.best[key]:.4f}"})
-        bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+                  file=sys.stderr)  # stdout is for a command's result (finetune prints its JSON summary there)
         return args.patience > 0 and self.evals_since_best >= args.patience
 
 
