@@ -101,3 +101,37 @@ def test_cli_smoke_train_translate_evaluate(tmp_path, data_dir, capsys):
                  "--reference", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "va.en has 40 lines" in err and "short.de has 3" in err
+
+
+def test_translation_stops_on_a_non_finite_loss_keeping_the_best_checkpoint(tmp_path, capsys, monkeypatch):
+    """Translation runs on the shared Trainer: a NaN loss after the first validation stops the run before
+    the optimizer step, naming the step and the kept best checkpoint, which stays loadable."""
+    from attnlab.models.seq2seq import Seq2SeqLM
+    src = ["a dog runs", "two men sit", "a cat sleeps", "the sun is hot"] * 8
+    tgt = ["ein hund läuft", "zwei männer sitzen", "eine katze schläft", "die sonne ist heiß"] * 8
+    files = {k: _write(tmp_path / k, v) for k, v in {"s": src, "t": tgt}.items()}
+    calls = {"n": 0}
+    real = Seq2SeqLM.forward
+
+    def poisoned(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if self.training and out.loss is not None:
+            calls["n"] += 1
+            if calls["n"] == 5:
+                out.loss = out.loss * float("nan")
+        return out
+    monkeypatch.setattr(Seq2SeqLM, "forward", poisoned)
+    out = tmp_path / "m"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = main(["finetune", "translation", "--train-src", str(files["s"]), "--train-tgt", str(files["t"]),
+                   "--valid-src", str(files["s"]), "--valid-tgt", str(files["t"]), "--output", str(out),
+                   "--set", "hidden_size=16", "--set", "num_layers=1", "--set", "num_heads=2",
+                   "--set", "intermediate_size=32", "--vocab-size", "120", "--max-tokens", "64",
+                   "--epochs", "3", "--warmup", "2", "--eval-every", "2", "--no-progress"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "loss became nan at step 5" in err and "the best model so far (step" in err
+    assert (out / "model.safetensors").exists() and main(["evaluate", "translation", "--model", str(out),
+                                                          "--source", str(files["s"]), "--reference",
+                                                          str(files["t"]), "--num-beams", "1"]) == 0
