@@ -137,8 +137,28 @@ def encoder_decoder() -> None:
     cli(["info", "transformer-base", "--seq-len", "32", "--explain"])
 
 
+def translate_toy() -> None:
+    section("9. translation: a small original Transformer trained from scratch on 716 self-written en->de pairs "
+            "(joint BPE), BLEU on 40 unseen word combinations")
+    d, out = HERE / "data", OUT / "translation"
+    cli(["finetune", "translation", "--src-lang", "en", "--tgt-lang", "de",
+         "--train-src", str(d / "parallel-train.en"), "--train-tgt", str(d / "parallel-train.de"),
+         "--valid-src", str(d / "parallel-valid.en"), "--valid-tgt", str(d / "parallel-valid.de"),
+         "--output", str(out), "--set", "hidden_size=64", "--set", "num_layers=2", "--set", "num_heads=4",
+         "--set", "intermediate_size=128", "--vocab-size", "200", "--max-tokens", "1024", "--epochs", "12",
+         "--warmup", "100", "--lr-factor", "0.5", "--eval-every", "36", "--no-progress"])
+    inputs = OUT / "translate-in.en"
+    inputs.write_text("The horse sleeps in the snow.\nA girl waits on the beach.\n", encoding="utf-8")
+    cli(["translate", str(out), "--input", str(inputs), "--output", str(OUT / "translate-out.de"), "--num-beams", "4"])
+    for en, de in zip(inputs.read_text(encoding="utf-8").splitlines(),
+                      (OUT / "translate-out.de").read_text(encoding="utf-8").splitlines()):
+        print(f"  {en}  ->  {de}")
+    cli(["evaluate", "translation", "--model", str(out), "--source", str(d / "parallel-valid.en"),
+         "--reference", str(d / "parallel-valid.de")])
+
+
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
-            finetune_sentiment, serve_over_http, encoder_decoder]
+            finetune_sentiment, serve_over_http, encoder_decoder, translate_toy]
 
 
 def main() -> int:
