@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import attnlab
 from attnlab.cli import main
@@ -105,3 +106,29 @@ def test_bad_input_is_one_line_and_exit_1(tiny, tmp_path, capsys):
                "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 1 and "train.tsv:3: missing column label (column 2)" in err
+
+
+def test_finetune_from_a_pretraining_checkpoint_in_attnlabs_own_layout(data_dir, tmp_path, capsys):
+    """What `attnlab pretrain` writes for a switch BERT's HF layout cannot express (here pre-LN) is a
+    BertForPreTraining in attnlab's own layout; fine-tuning takes its backbone and pooler and puts the
+    task's head on top (it used to load the pretraining class itself and fail on the label shape)."""
+    from attnlab.heads import PreTraining, SequenceClassification
+    from attnlab.training.checkpoint import save_model
+    src = tmp_path / "pretrained"
+    pre = PreTraining(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                  norm_placement="pre", max_position_embeddings=64))
+    save_model(pre, src)
+    attnlab.load_tokenizer("minilm").save(src)
+    assert (src / "attnlab_config.json").exists() and not (src / "config.json").exists()
+    train = _head(data_dir / "glue/SST-2/train.tsv", 200, tmp_path / "train.tsv")
+    out = tmp_path / "sst2"
+    assert main(["finetune", "sst2", "--model", str(src), "--output", str(out), "--train", str(train),
+                 "--valid", str(train), "--epochs", "1", "--batch-size", "32", "--max-length", "32",
+                 "--no-progress"]) == 0
+    tuned = attnlab.load(out)
+    assert isinstance(tuned, SequenceClassification) and tuned.config.norm_placement == "pre"
+    # the word embeddings are frozen by default: they came over from the pretraining checkpoint unchanged
+    assert torch.equal(tuned.backbone.embeddings.tok.weight, pre.backbone.embeddings.tok.weight)
+    capsys.readouterr()
+    assert main(["evaluate", "sst2", "--model", str(out), "--data", str(train)]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 100

@@ -220,8 +220,9 @@ def head_class(task: Task):
 
 def load_for_task(task: Task, model: str | Path, extra: dict):
     """`model` with the task's head: the family's own class for it when it has one (RobertaForSequenceClassification
-    for a RoBERTa), else the same head over the family's backbone (an ELECTRA discriminator gets a pooler and a
-    classifier), which `save_model` then writes in attnlab's own layout."""
+    for a RoBERTa), else the same head over the model's backbone (an ELECTRA discriminator, or a pretraining
+    checkpoint saved in attnlab's own layout, gets a pooler and a classifier), which `save_model` then writes
+    in attnlab's own layout."""
     import attnlab
     from dataclasses import replace
 
@@ -229,14 +230,17 @@ def load_for_task(task: Task, model: str | Path, extra: dict):
     from ..interop.local import resolve
     path = resolve(model)
     cls = head_class(task)
-    if path.suffix.lower() == ".gguf" or not (path / "config.json").exists():
+    if path.suffix.lower() == ".gguf":
         return attnlab.load(path, architecture=task.architecture, extra=extra)
-    config, _ = config_from_hf_dir(path)
-    family = FAMILIES[config.model_type]
-    names = [name for name, (c, _) in family.architectures.items() if c is cls]
-    if names:
-        return attnlab.load(path, architecture=names[0], extra=extra)
-    loaded = attnlab.load(path)
+    if (path / "config.json").exists():
+        config, _ = config_from_hf_dir(path)
+        family = FAMILIES[config.model_type]
+        names = [name for name, (c, _) in family.architectures.items() if c is cls]
+        if names:
+            return attnlab.load(path, architecture=names[0], extra=extra)
+    loaded = attnlab.load(path)  # attnlab's own layout names its class (e.g. a pre-LN BertForPreTraining)
+    if isinstance(loaded, cls):
+        return attnlab.load(path, extra=extra)
     backbone = getattr(loaded, "backbone", loaded)
     needs_pooler = cls.__name__ == "SequenceClassification"
     net = cls(replace(backbone.config, pooler=backbone.config.pooler or needs_pooler,
