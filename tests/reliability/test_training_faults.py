@@ -254,7 +254,7 @@ def test_nan_loss_with_skip_policy_skips_the_step_and_counts_it(tmp_path, capsys
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in rows if "skipped" in r] == [{"step": 3, "skipped": "loss became nan", "skipped_steps": 1}]
     assert sorted(r["step"] for r in rows if "loss" in r) == [s for s in range(1, 11) if s != 3]
-    assert "step 3: loss became nan; step skipped (1 of train.max_skips=1)" in capsys.readouterr().out
+    assert "step 3: loss became nan; step skipped (1 of train.max_skips=1)" in capsys.readouterr().err  # progress messages go to stderr, keeping stdout for results
     resumed = poisoned_trainer(tmp_path, nan_policy="skip", max_skips=1, max_steps=12, resume=True)
     with pytest.raises(FloatingPointError, match=r"loss became nan at step 11 after 1 skipped step "
                                                  r"\(train.max_skips=1\).*step-000010"):
