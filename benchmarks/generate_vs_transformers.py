@@ -1,12 +1,14 @@
 """Greedy decoding speed, attnlab vs transformers `generate`, on the real SmolLM2-135M-Instruct weights (the
 packaged GGUF, dequantized to fp32 by both), in one process.
 
-    .venv/bin/python benchmarks/generate_vs_transformers.py [--batch 1 8] [--new-tokens 128] [--bf16]
+    .venv/bin/python benchmarks/generate_vs_transformers.py [--batch 1 8] [--new-tokens 128] [--bf16] [--compile]
 
 For each batch size: new tokens/s for both (best of --repeats runs, interleaved so that load from other
 processes hits both alike), the ratio, and the fraction of the memory-bandwidth bound reached: a decoding
 step must read every weight once, so steps/s <= bandwidth / weight bytes (fp32: 4 bytes per parameter).
 --bf16 also times attnlab with bf16 weights and reports how far its logits move from fp32.
+--compile also times attnlab's compiled decoding (`generate(..., compile=True)`: static KV cache, frozen
+weights, autotuned C++ GEMMs); its one-off compile time is printed separately, not counted in tokens/s.
 Not a test: numbers depend on the machine and on what else runs on it.
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> int:
     ap.add_argument("--bandwidth-gbs", type=float, default=31.0, help="memory bandwidth of this machine, GB/s")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--bf16", action="store_true", help="also time attnlab with bf16 weights")
+    ap.add_argument("--compile", action="store_true", help="also time attnlab with compile=True (compiles for minutes)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -59,8 +62,8 @@ def main() -> int:
           flush=True)
     n = args.new_tokens
 
-    def run_ours(model, ids):
-        return generate(model, ids, max_new_tokens=n, eos_token_id=[])
+    def run_ours(model, ids, compile=False):
+        return generate(model, ids, max_new_tokens=n, eos_token_id=[], compile=compile)
 
     def run_theirs(ids):
         with torch.inference_mode():
@@ -80,8 +83,18 @@ def main() -> int:
         same = torch.equal(run_ours(ours, ids), run_theirs(ids))
         a, h = b * n / min(t_ours), b * n / min(t_theirs)
         frac = (n / min(t_ours)) / bound_steps
-        rows.append((b, a, h, a / h, frac, same))
+        rows.append((b, "attnlab", a, h, a / h, frac, same))
         print(f"  batch {b}: attnlab {a:.1f} tok/s, transformers {h:.1f} tok/s, same ids: {same}", flush=True)
+        if args.compile:
+            took = timed(lambda: run_ours(ours, ids, compile=True))  # compiles this (batch, capacity)
+            t_c = min(timed(lambda: run_ours(ours, ids, compile=True)) for _ in range(args.repeats))
+            c = b * n / t_c
+            fast = run_ours(ours, ids, compile=True)
+            same_c = torch.equal(fast, run_theirs(ids))
+            rows.append((b, "compiled", c, h, c / h, (n / t_c) / bound_steps, same_c))
+            print(f"  batch {b}: attnlab compiled {c:.1f} tok/s ({c / a:.2f}x eager; first call incl. compiling "
+                  f"took {took:.0f} s), same ids: {same_c}, same ids as eager attnlab: "
+                  f"{torch.equal(fast, run_ours(ours, ids))}", flush=True)
         if args.bf16:
             low = attnlab.load(path, dtype=torch.bfloat16)
             run_ours(low, ids[:, :4])
@@ -92,9 +105,10 @@ def main() -> int:
                   f"max |logit - fp32 logit| = {dev:.3g}", flush=True)
 
     print(f"\ngreedy, {args.prompt_tokens}-token prompt, {n} new tokens, fp32, best of {args.repeats}")
-    print(f"{'batch':>5} {'attnlab tok/s':>14} {'transformers tok/s':>19} {'ratio':>6} {'of bw bound':>12} {'same ids':>9}")
-    for b, a, h, r, frac, same in rows:
-        print(f"{b:>5} {a:>14.1f} {h:>19.1f} {r:>5.2f}x {frac:>11.0%} {str(same):>9}")
+    print(f"{'batch':>5} {'attnlab':>9} {'tok/s':>8} {'transformers tok/s':>19} {'ratio':>6} {'of bw bound':>12} "
+          f"{'same ids':>9}")
+    for b, kind, a, h, r, frac, same in rows:
+        print(f"{b:>5} {kind:>9} {a:>8.1f} {h:>19.1f} {r:>5.2f}x {frac:>11.0%} {str(same):>9}")
     return 0
 
 

@@ -70,6 +70,8 @@ def test_cli_generate_and_info_take_a_gguf_path(smol_path, capsys):
     assert "parameters: 134,515,008" in out and "model_type=llama" in out
     assert main(["generate", str(smol_path), "--prompt", "x", "--top-p", "1.5"]) == 1
     assert "top_p must lie in (0, 1]" in capsys.readouterr().err
+    assert main(["generate", str(smol_path), "--prompt", "x", "--compile", "--num-beams", "2"]) == 1
+    assert "--compile covers greedy and sampled decoding, not beam search" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------- synthetic files

@@ -8,6 +8,7 @@ examples:
   attnlab generate smollm2 --chat --prompt "What is the capital of France?"
   attnlab generate path/to/model.gguf --prompt "Once upon a time" --temperature 0.8 --top-p 0.95 --seed 1
   attnlab generate path/to/gpt2_dir --prompt "Hello" --num-beams 4 --max-new-tokens 20
+  attnlab generate smollm2 --prompt "Once upon a time" --max-new-tokens 2000 --compile
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop when this text appears (repeatable); it is not printed")
     p.add_argument("--chat", action="store_true", help="format the prompt with the model's chat template")
     p.add_argument("--system", default=None, help="with --chat: a system message")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through a compiled step with a static KV cache: ~2.5x the tokens/s on a CPU, "
+                        "but compiling takes 2-3 minutes first, so it pays off only for long outputs")
     p.add_argument("--truncate-left", action="store_true",
                    help="drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context "
                         "(default: error)")
@@ -54,10 +58,15 @@ def run(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]
         prompt = apply_chat_template(tokenizer, messages, add_generation_prompt=True)
+    if args.compile:
+        if args.num_beams > 1:
+            raise ValueError("--compile covers greedy and sampled decoding, not beam search (--num-beams > 1)")
+        print("compiling the decoding step (2-3 minutes on a CPU; the text follows)...", file=sys.stderr, flush=True)
     pieces = stream(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                     top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                     seed=args.seed, num_beams=args.num_beams, stop_strings=args.stop,
-                    truncation="left" if args.truncate_left else "error")
+                    truncation="left" if args.truncate_left else "error",
+                    **({"compile": True} if args.compile else {}))
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()

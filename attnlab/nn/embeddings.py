@@ -36,7 +36,8 @@ class Embeddings(nn.Module):
             # the unit-amplitude sinusoids added next (the same matrix is the output projection)
             x = x * self.scale
         if self.pos is not None or self.sinusoid is not None:
-            top = int(position_ids.max()) if position_ids.numel() else 0
+            # reading the max back is a sync a compiled graph cannot hold; compiled callers check capacity first
+            top = int(position_ids.max()) if position_ids.numel() and not torch.compiler.is_compiling() else 0
             if top >= self.max_positions:
                 raise ValueError(f"sequence needs position {top}, but max_position_embeddings="
                                  f"{self.max_positions}; truncate the input (e.g. --max-length {self.max_positions})")
