@@ -28,7 +28,7 @@ def test_static_cache_step_equals_eager_decoding(kind):
     ids, mask = left_padded()
     want = generate(model, ids, mask, max_new_tokens=12, eos_token_id=[])
     compiled.forget(model)
-    compiled._DECODERS[model] = {(): compiled.StaticDecoder(model, backend="eager")}
+    compiled._DECODERS[model] = compiled.StaticDecoder(model, backend="eager")
     got = generate(model, ids, mask, max_new_tokens=12, eos_token_id=[], compile=True)
     assert torch.equal(got, want)
     sampled = [generate(model, ids, mask, max_new_tokens=8, temperature=0.9, seed=3, eos_token_id=[], compile=c)

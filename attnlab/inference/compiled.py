@@ -144,16 +144,14 @@ class _Session:
 _DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def static_decoder(model, **kwargs) -> StaticDecoder:
+def static_decoder(model) -> StaticDecoder:
     """The model's compiled decoder, made on first use and kept while the model lives (compiling is
     the expensive part; later calls with the same batch size and capacity reuse the graph)."""
-    key = tuple(sorted(kwargs.items()))
-    per_model = _DECODERS.setdefault(model, {})
-    if key not in per_model:
-        per_model[key] = StaticDecoder(model, **kwargs)
-    return per_model[key]
+    if model not in _DECODERS:
+        _DECODERS[model] = StaticDecoder(model)
+    return _DECODERS[model]
 
 
 def forget(model) -> None:
-    """Drop the model's compiled decoders (their weights are a frozen snapshot)."""
+    """Drop the model's compiled decoder (its weights are a frozen snapshot)."""
     _DECODERS.pop(model, None)
