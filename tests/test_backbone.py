@@ -153,3 +153,27 @@ def test_unpadded_attention_weights_match():
     b = model(input_ids=ids, attention_mask=mask, unpad=True, output_attentions=True).attentions
     for wa, wb in zip(a, b):
         assert (wa - wb)[0].abs().max() <= 1e-6 and (wa - wb)[1, :, :4].abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True, norm_placement="pre"),
+                                dict(causal=True, position="rope", norm_placement="pre", num_kv_heads=2)])
+def test_unpadded_prefill_into_a_kv_cache_equals_padded(kw):
+    """A left-padded batch of prompts filling a KV cache runs unpadded too; the next step reads the same cache."""
+    from attnlab.inference.kv_cache import KVCache
+    torch.manual_seed(0)
+    model = Encoder(tiny(**kw)).eval()
+    ids = torch.randint(1, 97, (3, 8))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, :6] = 0
+    outs = []
+    for unpad in (False, True):
+        cache = KVCache(model.config.num_layers)
+        first = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, unpad=unpad)
+        step_mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], 1)
+        nxt = model(input_ids=ids[:, -1:], attention_mask=step_mask, past_key_values=cache, use_cache=True, unpad=unpad)
+        outs.append((first.last_hidden_state, nxt.last_hidden_state))
+    real = mask.bool()
+    assert (outs[0][0] - outs[1][0])[real].abs().max() <= 1e-5
+    assert (outs[1][0][~real] == 0).all()  # the unpadded path really ran
+    assert (outs[0][1] - outs[1][1]).abs().max() <= 1e-5

@@ -113,6 +113,23 @@ def test_64_concurrent_completions_equal_generating_alone(server, decoder, smol_
     assert m["engine"]["steps"] < sum(lengths)  # requests really shared forward passes
 
 
+def test_compiled_decode_server_answers_like_generating_alone(decoder, smol_tok):
+    # compile= goes through to the engine (backend "eager": dynamo traces the fixed-shape step, no codegen)
+    s = Server(create_app(decoder, smol_tok, limits=Limits(num_blocks=64, block_size=8, max_batch=8),
+                          compile={"backend": "eager"}))
+    try:
+        prompts = [f"Compiled request {i}" + " again" * i for i in range(12)]
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=TIMEOUT) as client:
+                return await asyncio.gather(*[client.post("/v1/completions", json={
+                    "prompt": p, "max_tokens": 6, "temperature": 0}) for p in prompts])
+        for r, p in zip(asyncio.run(go()), prompts):
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == reference(decoder, smol_tok, p, 6)
+    finally:
+        s.close()
+
+
 def test_streaming_completion_and_chat(server, decoder, smol_tok):
     s, _ = server
     with httpx.Client(base_url=s.url, timeout=TIMEOUT) as client:

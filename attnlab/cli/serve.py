@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="sequences decoded together")
     p.add_argument("--kv-blocks", type=int, default=d.num_blocks, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    p.add_argument("--compile", action="store_true",
+                   help="decoders: run decode steps through torch.compile (about 2x tokens/s on a CPU). The step "
+                        "for contexts up to 128 tokens is compiled before the server starts (a few minutes); "
+                        "each longer 128-token bucket compiles on first use, pausing decoding meanwhile")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from ..inference.quantize import quantize
     from ..serve.app import Limits, create_app
     torch.set_grad_enabled(False)
+    if args.compile and args.dtype != "fp32":
+        raise SystemExit("attnlab serve: --compile needs --dtype fp32")
     model = attnlab.load(args.model)
     if args.dtype != "fp32":
         model = quantize(model, args.dtype, inplace=True)
@@ -52,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
                     max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                     max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)
-    app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits)
+    app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

@@ -44,6 +44,22 @@ class _ColumnWriter:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
+class _PagedWriter:
+    """The `KVCacheLike` of the compiled engine step: write each row's new k/v into its pool slot, then
+    gather every row's W history slots (unused ones point at the scratch block and are masked)."""
+
+    def __init__(self, keys, values, write, read) -> None:
+        self.keys, self.values, self.write, self.read = keys, values, write, read
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
+        s, h, _, d = k.shape  # one new token per row
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(0, self.write, k.reshape(s, h, d))
+        values.index_copy_(0, self.write, v.reshape(s, h, d))
+        return (keys.index_select(0, self.read).view(s, -1, h, d).transpose(1, 2),
+                values.index_select(0, self.read).view(s, -1, h, d).transpose(1, 2))
+
+
 def check_compilable(model) -> None:
     """The static step covers causal decoders with learned, sinusoidal or rotary positions and full
     attention; anything else gets a clear error instead of a wrong answer."""
@@ -64,15 +80,40 @@ def check_compilable(model) -> None:
                          f"{', '.join(problems)}; generate without compile")
 
 
-class StaticDecoder:
-    """One model's compiled step. `autotune=False` skips the GEMM autotuning (compiles in seconds, runs
-    at about eager speed: for tests); `backend` is torch.compile's ("eager" traces without codegen)."""
+def _step(model, token, position, allowed, col, keys, values):
+    """token (B, 1), position (B, 1), allowed (B, 1, 1, C) bool, col (1,) -> logits (B, V)."""
+    return _one_token(model, token, position, allowed, _ColumnWriter(keys, values, col))
+
+
+def _paged_step(model, token, position, allowed, write, read, keys, values):
+    """The engine's decode rows over the paged pool: token/position (S, 1), write (S,) slots, read (S * W,)
+    slots, allowed (S, 1, 1, W) bool -> logits (S, V)."""
+    return _one_token(model, token, position, allowed, _PagedWriter(keys, values, write, read))
+
+
+def _one_token(model, token, position, allowed, cache):
+    bb = model.backbone
+    x = bb.embeddings(token, None, position, None)
+    rope = bb.rope(position) if bb.rope is not None else None
+    mask = AttentionMask(allowed, False)
+    for i, layer in enumerate(bb.layers):
+        x, _ = layer(x, mask, rope=rope, cache=cache, layer_idx=i)
+    if bb.final_norm is not None:
+        x = bb.final_norm(x)
+    return model.lm_head(x[:, -1])
+
+
+class _CompiledStep:
+    """One model's compiled one-token step (`_fn`). `autotune=False` skips the GEMM autotuning (compiles in
+    seconds, runs at about eager speed: for tests); `backend` is torch.compile's ("eager" traces without
+    codegen)."""
+    _fn = None  # the step function, set by each subclass
 
     def __init__(self, model, *, autotune: bool = True, backend: str = "inductor") -> None:
         check_compilable(model)
         self._model = weakref.ref(model)  # the registry below must not keep the model alive
         self.autotune, self.backend = autotune, backend
-        self._compiled = torch.compile(_step, backend=backend, fullgraph=True)
+        self._compiled = torch.compile(type(self)._fn, backend=backend, fullgraph=True)
 
     def step(self, *args) -> torch.Tensor:
         if self.backend != "inductor":
@@ -87,21 +128,21 @@ class StaticDecoder:
     def model(self):
         return self._model()
 
+
+class StaticDecoder(_CompiledStep):
+    """`generate(..., compile=True)`: a static (B, Hkv, capacity, d) cache per generate call."""
+    _fn = staticmethod(_step)
+
     def session(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int):
         return _Session(self, input_ids, attention_mask, max_new_tokens)
 
 
-def _step(model, token, position, allowed, col, keys, values):
-    """token (B, 1), position (B, 1), allowed (B, 1, 1, C) bool, col (1,) -> logits (B, V)."""
-    bb = model.backbone
-    x = bb.embeddings(token, None, position, None)
-    rope = bb.rope(position) if bb.rope is not None else None
-    mask, cache = AttentionMask(allowed, False), _ColumnWriter(keys, values, col)
-    for i, layer in enumerate(bb.layers):
-        x, _ = layer(x, mask, rope=rope, cache=cache, layer_idx=i)
-    if bb.final_norm is not None:
-        x = bb.final_norm(x)
-    return model.lm_head(x[:, -1])
+class PagedDecoder(_CompiledStep):
+    """The continuous-batching engine's decode step, compiled: batch rows rounded up to a bucket (idle rows
+    are padding) and a gather width W rounded up to a multiple of CAPACITY_STEP, so a graph is compiled
+    once per bucket instead of once per (batch, length) the scheduler happens to form.
+    Each row writes its new key/value into its pool slot and attends over the W slots its block table names."""
+    _fn = staticmethod(_paged_step)
 
 
 class _Session:

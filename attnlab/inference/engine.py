@@ -17,6 +17,9 @@ decoding sequence that is its last sampled token; for a newly admitted one it is
      queues, it never fails);
   4. run the decode rows (one token each) and the prefill rows (prompts, left-padded) as two forward
      passes in the same step, since padding a 1-token row to a prompt's length would waste the work;
+     the prefill pass runs its linear layers on the real prompt tokens only (unpadded, attnlab.nn.varlen);
+     with `compile=True` the decode pass is a compiled graph (`compiled.PagedDecoder`) of fixed shapes:
+     rows rounded up to a power of two (idle rows are padding), gather width up to a multiple of 128;
   5. sample each row with its own settings, append, and finish rows on EOS / stop string / length.
 
     >>> engine = Engine(model, num_blocks=64)
@@ -38,6 +41,7 @@ from .paged import BlockPool, BlockTable, PagedBatchCache
 
 
 MIN_TEMPERATURE = 1e-5  # smaller temperatures decode greedily (the limit of sampling as temperature -> 0)
+MIN_ROWS = 8  # the smallest compiled decode batch (see Engine._decode_rows)
 
 
 class QueueFull(RuntimeError):
@@ -84,10 +88,17 @@ class Request:
 
 class Engine:
     def __init__(self, model, tokenizer=None, *, num_blocks: int = 256, block_size: int = 16,
-                 max_batch: int = 32, max_waiting: int = 256, max_prefill_tokens: int = 2048) -> None:
+                 max_batch: int = 32, max_waiting: int = 256, max_prefill_tokens: int = 2048,
+                 compile: bool | dict = False) -> None:
+        """compile: run decode steps through torch.compile (True, or a dict of `PagedDecoder` options such as
+        autotune=False). Each new (rows, width) bucket compiles for minutes on first use; see `warmup`."""
         if not getattr(model.config, "causal", False) or not hasattr(model, "lm_head"):
             raise ValueError("the engine needs a causal LM (a decoder with an LM head)")
         self.model = model.eval()
+        self.decoder = None
+        if compile:
+            from .compiled import PagedDecoder
+            self.decoder = PagedDecoder(model, **(compile if isinstance(compile, dict) else {}))
         self.tokenizer = tokenizer
         self.pool = BlockPool.for_model(model, num_blocks, block_size)
         self.max_batch, self.max_waiting, self.max_prefill_tokens = max_batch, max_waiting, max_prefill_tokens
@@ -220,6 +231,61 @@ class Engine:
         cache.commit()
         return out.logits[:, -1].float()
 
+    @torch.inference_mode()
+    def _decode_compiled(self, reqs: list[Request]) -> torch.Tensor:
+        """One new token for each decode row through the compiled step (see `PagedDecoder`)."""
+        from .compiled import CAPACITY_STEP
+        rows, bs, pool = self._decode_rows(len(reqs)), self.pool.block_size, self.pool
+        totals = [r.table.length + 1 for r in reqs]
+        width = min(-(-max(totals) // CAPACITY_STEP) * CAPACITY_STEP, pool.capacity_blocks * bs)
+        token = torch.full((rows, 1), self.pad, dtype=torch.long)
+        position = torch.zeros(rows, 1, dtype=torch.long)
+        write = torch.zeros(rows, dtype=torch.long)  # idle rows write to and read the scratch slot 0
+        read = torch.zeros(rows, width, dtype=torch.long)
+        allowed = torch.zeros(rows, 1, 1, width, dtype=torch.bool)
+        allowed[:, 0, 0, 0] = True  # an idle row attends to one (scratch) column: no empty softmax
+        offsets = torch.arange(bs)
+        for i, (r, total) in enumerate(zip(reqs, totals)):
+            slots = (torch.tensor(r.table.blocks)[:, None] * bs + offsets).flatten()[:total]
+            token[i, 0], position[i, 0], write[i] = r.tokens[-1], total - 1, slots[-1]
+            read[i, :total] = slots
+            allowed[i, 0, 0, :total] = True
+        device = pool.keys[0].device
+        with self.forward_lock:
+            logits = self.decoder.step(self.model, token.to(device), position.to(device), allowed.to(device),
+                                       write.to(device), read.flatten().to(device), pool.keys, pool.values)
+        for r in reqs:
+            r.table.length += 1
+        return logits[:len(reqs)].float()
+
+    def _decode_rows(self, n: int) -> int:
+        """Rows of the compiled decode step for n running sequences: a power of two from MIN_ROWS up to
+        max_batch, so a few graphs serve every batch size and a half-empty batch does not pay for a full one."""
+        rows = MIN_ROWS
+        while rows < n:
+            rows *= 2
+        return min(rows, self.max_batch)
+
+    def warmup(self, max_tokens: int | None = None) -> None:
+        """Compile the decode step now, for every row bucket and every gather-width bucket up to
+        `max_tokens` (default: the first width bucket), so that no request waits minutes for a compile
+        later. No-op without compile."""
+        from .compiled import CAPACITY_STEP
+        if self.decoder is None:
+            return
+        limit = min(max_tokens or CAPACITY_STEP, self.context, self.pool.capacity_blocks * self.pool.block_size)
+        buckets = sorted({self._decode_rows(n) for n in range(1, self.max_batch + 1)})
+        for total in sorted({min(t, limit) for t in range(CAPACITY_STEP, limit + CAPACITY_STEP, CAPACITY_STEP)}):
+            probe = Request(-1, [self.pad] * (total - 1), SamplingParams(max_new_tokens=1))
+            if not self.pool.ensure(probe.table, total):
+                raise ValueError(f"warmup: the KV pool has no room for a {total}-token probe sequence")
+            try:
+                for rows in buckets:  # every row is the same probe: only the shapes matter here
+                    probe.table.length = total - 1
+                    self._decode_compiled([probe] * rows)
+            finally:
+                self.pool.free(probe.table)
+
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
         tokens = logits.argmax(-1).tolist()
         for i, r in enumerate(reqs):
@@ -275,7 +341,8 @@ class Engine:
             if group is prefill:
                 self.stats["prompt_tokens"] += sum(len(r.tokens) for r in group if not r.preemptions)
             try:
-                tokens = self._sample(group, self._forward(group))
+                compiled = self.decoder is not None and group is decode
+                tokens = self._sample(group, self._decode_compiled(group) if compiled else self._forward(group))
             except Exception as err:  # a failing batch must not take the other requests' server down
                 for r in group:
                     self.running.remove(r)

@@ -5,7 +5,9 @@ Why blocks: a contiguous per-request cache must be sized for the longest possibl
 sits empty; with blocks a sequence takes memory one block at a time and gives it back the moment it
 finishes, so many more requests fit in the same memory and no request ever copies its history to grow.
 
-Layout: per layer, a flat tensor of `num_blocks * block_size` token slots, each (kv_heads, head_dim).
+Layout: per layer, a flat tensor of `num_blocks * block_size` token slots, each (kv_heads, head_dim);
+one tensor per layer (not one stacked tensor) so that a compiled step can take them as separate,
+non-aliasing inputs and update them in place.
 Token j of a sequence lives in slot `table[j // block_size] * block_size + j % block_size`.
 Block 0 is never handed out: it is the scratch slot that padding positions write to and read from
 (always masked out by attention), so a batch can be a plain padded tensor with no special cases.
@@ -56,8 +58,9 @@ class BlockPool:
         slots = num_blocks * block_size
         # zeros, not empty: masked slots still enter the softmax-weighted sum as 0 * value, which must
         # never be 0 * NaN
-        self.keys = torch.zeros(num_layers, slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
+        shape = (slots, kv_heads, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._free = list(range(num_blocks - 1, SCRATCH_BLOCK, -1))  # pop() hands out low ids first
         self._lock = threading.Lock()  # the server reads num_free from another thread
 
@@ -96,7 +99,7 @@ class BlockPool:
         table.blocks, table.length = [], 0
 
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.keys[0, 0].numel() * self.keys.element_size()
+        return 2 * self.num_layers * self.keys[0][0].numel() * self.keys[0].element_size()
 
 
 class PagedBatchCache:
@@ -120,7 +123,7 @@ class PagedBatchCache:
             write += [SCRATCH_BLOCK] * (self.t - n) + table.slots(p, tot, bs)
             read += [SCRATCH_BLOCK] * (self.k - tot) + table.slots(0, tot, bs)
             mask[i, self.k - tot:] = 1
-        device = pool.keys.device
+        device = pool.keys[0].device
         self.write = torch.tensor(write, dtype=torch.long, device=device)
         self.read = torch.tensor(read, dtype=torch.long, device=device)
         self.attention_mask = mask.to(device)

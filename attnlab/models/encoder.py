@@ -83,8 +83,8 @@ class Encoder(Model):
                 inputs_embeds: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, output_hidden_states: bool = False,
                 unpad: bool | None = None) -> ModelOutput:
-        """`unpad` (default `self.unpad`, on): with padding and no KV cache, run every linear layer on the
-        real tokens only (see attnlab.nn.varlen); outputs are re-padded with zeros at padding positions."""
+        """`unpad` (default `self.unpad`, on): with padding and nothing cached yet, run every linear layer on
+        the real tokens only (see attnlab.nn.varlen); outputs are re-padded with zeros at padding positions."""
         offset = past_key_values.get_seq_length() if past_key_values is not None else 0
         self._check_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds, offset)
         cfg = self.config
@@ -104,7 +104,9 @@ class Encoder(Model):
                 start = offset + cfg.extra.get("position_offset", 0)
                 position_ids = torch.arange(start, start + t, device=device).expand(b, t)
         varlen = None
-        if (self.unpad if unpad is None else unpad) and attention_mask is not None and past_key_values is None \
+        # A KV cache still allows it for a first pass (a padded batch of prompts, nothing cached yet): the
+        # cache receives keys/values in the padded layout, zeros at padding, which the mask hides later.
+        if (self.unpad if unpad is None else unpad) and attention_mask is not None and offset == 0 \
                 and not bool(attention_mask.all()):
             varlen = Varlen.from_mask(attention_mask)
             gather = lambda t_: varlen.unpad(t_) if t_ is not None else None  # noqa: E731

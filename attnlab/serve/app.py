@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -102,14 +103,19 @@ def model_kind(model) -> str:
 
 
 def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None = None,
-               start_engine: bool = True) -> FastAPI:
+               start_engine: bool = True, compile: bool | dict = False) -> FastAPI:
+    """compile: the decoder engine's decode step runs compiled (see `Engine`); its first bucket is
+    compiled here, before the server accepts requests."""
     limits = limits or Limits()
     kind = model_kind(model)
     metrics = Metrics()
     engine = None
     if kind == "decoder":
         engine = Engine(model, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
-                        max_batch=limits.max_batch, max_waiting=limits.max_queued)
+                        max_batch=limits.max_batch, max_waiting=limits.max_queued, compile=compile)
+        if compile:
+            print("attnlab serve: compiling the decode step (once; a few minutes)...", file=sys.stderr, flush=True)
+            engine.warmup()
     # a text longer than the model's positions is refused, not truncated or crashed on
     max_embed_tokens = min(limits.max_input_tokens, model.config.max_position_embeddings)
     worker = EncoderWorker(model, tokenizer, max_queued=limits.max_queued, max_length=max_embed_tokens,
