@@ -319,3 +319,12 @@ def test_serve_command_is_registered():
     from attnlab.cli import build_parser
     args = build_parser().parse_args(["serve", "smollm2"])
     assert args.host == "127.0.0.1" and args.port == 8000 and args.command == "serve"
+
+
+def test_serve_compile_needs_fp32():
+    from attnlab.cli import build_parser
+    from attnlab.cli.serve import run
+    args = build_parser().parse_args(["serve", "smollm2", "--compile", "--dtype", "int8"])
+    assert args.compile
+    with pytest.raises(SystemExit, match="--compile needs --dtype fp32"):
+        run(args)
