@@ -77,7 +77,7 @@ def check_compilable(model) -> None:
             problems.append("position_offset")
     if problems:
         raise ValueError(f"compile=True supports causal decoders with full attention; this model has "
-                         f"{', '.join(problems)}; generate without compile")
+                         f"{', '.join(problems)}; run it without compile")
 
 
 def _step(model, token, position, allowed, col, keys, values):
