@@ -328,3 +328,4 @@ def test_serve_compile_needs_fp32():
     assert args.compile
     with pytest.raises(SystemExit, match="--compile needs --dtype fp32"):
         run(args)
+    assert torch.is_grad_enabled()  # refused before touching any global state

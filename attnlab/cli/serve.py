@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
     import attnlab
     from ..inference.quantize import quantize
     from ..serve.app import Limits, create_app
-    torch.set_grad_enabled(False)
     if args.compile and args.dtype != "fp32":
         raise SystemExit("attnlab serve: --compile needs --dtype fp32")
+    torch.set_grad_enabled(False)
     model = attnlab.load(args.model)
     if args.dtype != "fp32":
         model = quantize(model, args.dtype, inplace=True)
