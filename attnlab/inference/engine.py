@@ -244,11 +244,10 @@ class Engine:
         read = torch.zeros(rows, width, dtype=torch.long)
         allowed = torch.zeros(rows, 1, 1, width, dtype=torch.bool)
         allowed[:, 0, 0, 0] = True  # an idle row attends to one (scratch) column: no empty softmax
-        offsets = torch.arange(bs)
         for i, (r, total) in enumerate(zip(reqs, totals)):
-            slots = (torch.tensor(r.table.blocks)[:, None] * bs + offsets).flatten()[:total]
+            slots = r.table.slots(0, total, bs)
             token[i, 0], position[i, 0], write[i] = r.tokens[-1], total - 1, slots[-1]
-            read[i, :total] = slots
+            read[i, :total] = torch.tensor(slots)
             allowed[i, 0, 0, :total] = True
         device = pool.keys[0].device
         with self.forward_lock:
