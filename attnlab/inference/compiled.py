@@ -31,6 +31,12 @@ from .kv_cache import KVCache
 CAPACITY_STEP = 128
 
 
+def capacity_bucket(tokens: int, limit: int) -> int:
+    """Columns of a compiled step's key/value view for `tokens` tokens: rounded up to a multiple of
+    CAPACITY_STEP (one graph per bucket), but never past `limit` nor below `tokens`."""
+    return max(tokens, min(-(-tokens // CAPACITY_STEP) * CAPACITY_STEP, limit))
+
+
 class _ColumnWriter:
     """The `KVCacheLike` the compiled step sees: writes this step's k/v at column `col` and hands back
     the whole static buffer (masked columns are zeros, so they contribute nothing)."""
@@ -153,8 +159,7 @@ class _Session:
         self.model = model = decoder.model
         b, p = input_ids.shape
         need = p + max_new_tokens
-        capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
-        capacity = max(need, min(capacity, model.config.max_position_embeddings))
+        capacity = capacity_bucket(need, model.config.max_position_embeddings)
         self.decoder, self.mask = decoder, attention_mask
         self.cache = KVCache(model.config.num_layers, max_length=capacity)
         device = input_ids.device

@@ -234,10 +234,10 @@ class Engine:
     @torch.inference_mode()
     def _decode_compiled(self, reqs: list[Request]) -> torch.Tensor:
         """One new token for each decode row through the compiled step (see `PagedDecoder`)."""
-        from .compiled import CAPACITY_STEP
+        from .compiled import capacity_bucket
         rows, bs, pool = self._decode_rows(len(reqs)), self.pool.block_size, self.pool
         totals = [r.table.length + 1 for r in reqs]
-        width = min(-(-max(totals) // CAPACITY_STEP) * CAPACITY_STEP, pool.capacity_blocks * bs)
+        width = capacity_bucket(max(totals), pool.capacity_blocks * bs)
         token = torch.full((rows, 1), self.pad, dtype=torch.long)
         position = torch.zeros(rows, 1, dtype=torch.long)
         write = torch.zeros(rows, dtype=torch.long)  # idle rows write to and read the scratch slot 0
