@@ -25,6 +25,18 @@ def best_of(fn, repeats: int = 3) -> float:
     return best
 
 
+def best_of_interleaved(fns: dict, repeats: int = 5) -> dict:
+    """Fastest run of each function, taking turns (a, b, b, a, ...) so that a slow spell of the machine
+    hits every side rather than whichever happened to run during it."""
+    best = {name: float("inf") for name in fns}
+    for i in range(repeats):
+        for name in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
+            start = time.perf_counter()
+            fns[name]()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def table(rows: list[list], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).rjust(w) for c, w in zip(r, widths))  # noqa: E731

@@ -20,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from _common import best_of, data_root, table  # noqa: E402
+from _common import best_of, best_of_interleaved, data_root, table  # noqa: E402
 
 
 def sentences(n: int) -> list[str]:
@@ -94,8 +94,9 @@ def main() -> None:
     ref = hf_run()
     mine = torch.from_numpy(embed(ours, tok, texts, batch_size=32, progress=False))
     cos = (ref * mine).sum(-1).min().item()
-    t_hf = best_of(hf_run, 2)
-    t_ours = best_of(lambda: embed(ours, tok, texts, batch_size=32, progress=False), 2)
+    times = best_of_interleaved({"hf": hf_run,
+                                 "ours": lambda: embed(ours, tok, texts, batch_size=32, progress=False)}, 4)
+    t_hf, t_ours = times["hf"], times["ours"]
     rows = [["transformers (sdpa)", f"{len(texts) / t_hf:.1f}", "1.00", f"{1 - real / padded:.0%}", "-"],
             ["attnlab fp32", f"{len(texts) / t_ours:.1f}", f"{t_hf / t_ours:.2f}", "0%", f"{cos:.6f}"]]
     if args.bf16:
@@ -122,8 +123,9 @@ def main() -> None:
     mask = torch.ones_like(ids)
     flops = model_flops(ours.config, 32 * 128, 128)
     ceiling = matmul_ceiling()
-    t_hf = best_of(lambda: theirs(input_ids=ids, attention_mask=mask), 3)
-    t_ours = best_of(lambda: ours(input_ids=ids, attention_mask=mask), 3)
+    times = best_of_interleaved({"hf": lambda: theirs(input_ids=ids, attention_mask=mask),
+                                 "ours": lambda: ours(input_ids=ids, attention_mask=mask)}, 6)
+    t_hf, t_ours = times["hf"], times["ours"]
     rows = [["transformers (sdpa)", f"{t_hf * 1000:.0f}", f"{flops / t_hf / 1e9:.0f}", f"{flops / t_hf / 1e9 / ceiling:.0%}", "1.00"],
             ["attnlab fp32", f"{t_ours * 1000:.0f}", f"{flops / t_ours / 1e9:.0f}", f"{flops / t_ours / 1e9 / ceiling:.0%}", f"{t_hf / t_ours:.2f}"]]
     if args.int8:

@@ -120,3 +120,25 @@ def test_module_returns_weights_only_on_request_and_agrees():
     explicit, w = attn(x, mask, need_weights=True)
     assert none is None and w.shape == (2, 4, 6, 6)
     assert (fused - explicit).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_stacked_qkv_without_grad_equals_three_projections_and_follows_weight_updates(bias):
+    cfg = ModelConfig(hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=1, intermediate_size=64,
+                      vocab_size=50, attention_dropout=0.0, bias=bias)
+    attn = Attention(cfg).eval()
+    x = torch.randn(2, 6, 32)
+    mask = AttentionMask.build(torch.tensor([[1] * 6, [1] * 4 + [0] * 2]), 6, 6)
+    separate, _ = attn(x, mask)  # grad enabled: three products
+    with torch.no_grad():
+        stacked, _ = attn(x, mask)
+        assert "_qkv_cache" in attn.__dict__  # the stacked path really ran
+        assert (stacked - separate).abs().max() <= 1e-6
+        attn.k.weight.mul_(2)  # an in-place update (an optimizer step, load_state_dict) must be seen
+        if bias:
+            attn.v.bias.add_(1)
+        changed, _ = attn(x, mask)
+    expected, _ = attn(x, mask)
+    assert (changed - stacked).abs().max() > 1e-3
+    assert (changed - expected).abs().max() <= 1e-6
+    assert "_qkv_cache" not in attn.state_dict() and len(attn.state_dict()) == (8 if bias else 4)
