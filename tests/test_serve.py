@@ -329,3 +329,18 @@ def test_serve_compile_needs_fp32():
     with pytest.raises(SystemExit, match="--compile needs --dtype fp32"):
         run(args)
     assert torch.is_grad_enabled()  # refused before touching any global state
+
+
+def test_compile_tokens_sets_how_much_is_compiled_before_serving(decoder, smol_tok, monkeypatch):
+    from attnlab.cli import build_parser
+    from attnlab.cli.serve import run
+    from attnlab.inference.engine import Engine
+    seen = []
+    monkeypatch.setattr(Engine, "warmup", lambda self, max_tokens=None: seen.append(max_tokens))
+    limits = Limits(num_blocks=64, block_size=8, max_batch=8)
+    create_app(decoder, smol_tok, limits=limits, compile={"backend": "eager"}, compile_tokens=300, start_engine=False)
+    create_app(decoder, smol_tok, limits=limits, compile={"backend": "eager"}, start_engine=False)
+    assert seen == [300, None]  # None: the engine's default, the first 128-token bucket
+    for argv in (["serve", "smollm2", "--compile-tokens", "256"], ["serve", "smollm2", "--compile", "--compile-tokens", "0"]):
+        with pytest.raises(SystemExit, match="--compile-tokens needs --compile"):
+            run(build_parser().parse_args(argv))

@@ -37,8 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     p.add_argument("--compile", action="store_true",
                    help="decoders: run decode steps through torch.compile (about 1.5x tokens/s on a CPU). The step "
-                        "for contexts up to 128 tokens is compiled before the server starts (a few minutes); "
-                        "each longer 128-token bucket compiles on first use, pausing decoding meanwhile")
+                        "for contexts up to --compile-tokens is compiled before the server starts (a few minutes "
+                        "per 128-token bucket); a longer bucket compiles on first use, pausing decoding meanwhile")
+    p.add_argument("--compile-tokens", type=int, default=None, metavar="N",
+                   help="with --compile: contexts (prompt + generated) up to N tokens are compiled before the "
+                        "server starts, in 128-token buckets (default 128: one bucket)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.app import Limits, create_app
     if args.compile and args.dtype != "fp32":
         raise SystemExit("attnlab serve: --compile needs --dtype fp32")
+    if args.compile_tokens is not None and (not args.compile or args.compile_tokens < 1):
+        raise SystemExit("attnlab serve: --compile-tokens needs --compile and a positive number of tokens")
     torch.set_grad_enabled(False)
     model = attnlab.load(args.model)
     if args.dtype != "fp32":
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
                     max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                     max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)
-    app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile)
+    app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile,
+                     compile_tokens=args.compile_tokens)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

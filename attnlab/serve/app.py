@@ -103,9 +103,10 @@ def model_kind(model) -> str:
 
 
 def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None = None,
-               start_engine: bool = True, compile: bool | dict = False) -> FastAPI:
-    """compile: the decoder engine's decode step runs compiled (see `Engine`); its first bucket is
-    compiled here, before the server accepts requests."""
+               start_engine: bool = True, compile: bool | dict = False,
+               compile_tokens: int | None = None) -> FastAPI:
+    """compile: the decoder engine's decode step runs compiled (see `Engine`); its buckets for contexts
+    up to `compile_tokens` (default: the first bucket) are compiled here, before the server accepts requests."""
     limits = limits or Limits()
     kind = model_kind(model)
     metrics = Metrics()
@@ -115,7 +116,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
                         max_batch=limits.max_batch, max_waiting=limits.max_queued, compile=compile)
         if compile:
             print("attnlab serve: compiling the decode step (once; a few minutes)...", file=sys.stderr, flush=True)
-            engine.warmup()
+            engine.warmup(compile_tokens)
     # a text longer than the model's positions is refused, not truncated or crashed on
     max_embed_tokens = min(limits.max_input_tokens, model.config.max_position_embeddings)
     worker = EncoderWorker(model, tokenizer, max_queued=limits.max_queued, max_length=max_embed_tokens,
