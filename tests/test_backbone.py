@@ -144,6 +144,22 @@ def test_unpadded_equals_padded(kw):
         assert (a - b)[real].abs().max() <= 1e-5
 
 
+def test_default_unpads_only_batches_with_enough_padding():
+    """unpad=None: a batch whose padding share reaches unpad_min_padding runs unpadded (zeros at padding),
+    one with less runs padded (the scatter per layer would cost more than the padding it saves)."""
+    torch.manual_seed(0)
+    model = Encoder(tiny()).eval()
+    ids = torch.randint(1, 97, (4, 10))
+    little, much = torch.ones_like(ids), torch.ones_like(ids)
+    little[0, 9:] = 0      # 1 of 40 positions: 2.5% padding
+    much[0, 5:] = 0        # 5 of 40: 12.5%
+    for mask, unpadded in ((little, False), (much, True)):
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert bool((out[~mask.bool()] == 0).all()) == unpadded
+        forced = model(input_ids=ids, attention_mask=mask, unpad=not unpadded).last_hidden_state
+        assert (out - forced)[mask.bool()].abs().max() <= 1e-5
+
+
 def test_unpadded_attention_weights_match():
     torch.manual_seed(0)
     model = Encoder(tiny()).eval()
