@@ -36,9 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-blocks", type=int, default=d.num_blocks, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     p.add_argument("--compile", action="store_true",
-                   help="decoders: run decode steps through torch.compile (1.06-1.5x tokens/s measured on a 2-core CPU). The step "
-                        "for contexts up to --compile-tokens is compiled before the server starts (a few minutes "
-                        "per 128-token bucket); a longer bucket compiles on first use, pausing decoding meanwhile")
+                   help="decoders: run decode steps through torch.compile (1.06-1.5x tokens/s measured on a "
+                        "2-core CPU). The step for contexts up to --compile-tokens is compiled before the server "
+                        "starts (a few minutes per 128-token bucket); a longer bucket compiles on first use, "
+                        "pausing decoding meanwhile")
     p.add_argument("--compile-tokens", type=int, default=None, metavar="N",
                    help="with --compile: contexts (prompt + generated) up to N tokens are compiled before the "
                         "server starts, in 128-token buckets (default 128: one bucket)")

@@ -112,8 +112,9 @@ class Encoder(Model):
         varlen = None
         # A KV cache still allows it for a first pass (a padded batch of prompts, nothing cached yet): the
         # cache receives keys/values in the padded layout, zeros at padding, which the mask hides later.
-        if unpad is None and self.unpad and attention_mask is not None:
-            unpad = 1 - attention_mask.float().mean().item() >= self.unpad_min_padding
+        if unpad is None:
+            unpad = (self.unpad and attention_mask is not None and offset == 0
+                     and 1 - attention_mask.float().mean().item() >= self.unpad_min_padding)
         if unpad and attention_mask is not None and offset == 0 and not bool(attention_mask.all()):
             varlen = Varlen.from_mask(attention_mask)
             gather = lambda t_: varlen.unpad(t_) if t_ is not None else None  # noqa: E731

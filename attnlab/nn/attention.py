@@ -157,11 +157,11 @@ class Attention(nn.Module):
         load_state_dict bumps the tensor's version, `.to()` gives it new storage (weights created under
         inference_mode have no version counter: only their storage is compared). Kept out of the state
         dict; costs one extra copy of the Q/K/V weights."""
-        params = [p for m in (self.q, self.k, self.v) for p in (m.weight, m.bias) if p is not None]
+        mods = (self.q, self.k, self.v)
+        params = [p for m in mods for p in (m.weight, m.bias) if p is not None]
         key = tuple((p.data_ptr(), -1 if p.is_inference() else p._version, p.dtype, p.device) for p in params)
         cached = self.__dict__.get("_qkv_cache")
         if cached is None or cached[0] != key:
-            mods = (self.q, self.k, self.v)
             weight = torch.cat([m.weight for m in mods])
             bias = None
             if any(m.bias is not None for m in mods):
