@@ -17,7 +17,8 @@ decoding sequence that is its last sampled token; for a newly admitted one it is
      queues, it never fails);
   4. run the decode rows (one token each) and the prefill rows (prompts, left-padded) as two forward
      passes in the same step, since padding a 1-token row to a prompt's length would waste the work;
-     the prefill pass runs its linear layers on the real prompt tokens only (unpadded, attnlab.nn.varlen);
+     the prefill pass runs its linear layers on the real prompt tokens only when the prompts' padding is
+     worth skipping (unpadded, attnlab.nn.varlen; see Encoder.unpad_min_padding);
      with `compile=True` the decode pass is a compiled graph (`compiled.PagedDecoder`) of fixed shapes:
      rows rounded up to a power of two (idle rows are padding), gather width up to a multiple of 128;
   5. sample each row with its own settings, append, and finish rows on EOS / stop string / length.
