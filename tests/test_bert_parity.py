@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.interop.hf import CheckpointError
+from attnlab.interop.files import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 

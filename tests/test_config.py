@@ -4,7 +4,7 @@ import pytest
 
 import attnlab
 from attnlab.config import ConfigError, ModelConfig, PRESETS, preset
-from attnlab.interop.hf import bert_config_from_hf, bert_config_to_hf
+from attnlab.interop.bert import bert_config_from_hf, bert_config_to_hf
 
 
 def test_unknown_key_is_named():

@@ -88,7 +88,8 @@ def test_electra_trains_checkpoints_and_exports(tmp_path):
     """Through the Trainer: checkpoints hold both networks (shared tensors once) and reload; the export is
     an ElectraForPreTraining directory plus its generator."""
     import attnlab
-    from attnlab.training.checkpoint import list_checkpoints, load_model_weights
+    from attnlab.interop.native import load_model_weights
+    from attnlab.training.checkpoint import list_checkpoints
     torch.manual_seed(0)
     model = Electra(_tiny(model_type="electra", embedding_size=16, pooler=False))
     batches = [_batch(np.random.default_rng(i)) for i in range(2)]

@@ -113,7 +113,7 @@ def test_finetune_from_a_pretraining_checkpoint_in_attnlabs_own_layout(data_dir,
     BertForPreTraining in attnlab's own layout; fine-tuning takes its backbone and pooler and puts the
     task's head on top (it used to load the pretraining class itself and fail on the label shape)."""
     from attnlab.heads import PreTraining, SequenceClassification
-    from attnlab.training.checkpoint import save_model
+    from attnlab.interop.native import save_model
     src = tmp_path / "pretrained"
     pre = PreTraining(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                                   norm_placement="pre", max_position_embeddings=64))

@@ -13,7 +13,7 @@ from attnlab.config import ConfigError
 from attnlab.inference.chat import apply_chat_template
 from attnlab.inference.generate import encode_prompts, generate, stream
 from attnlab.interop.gguf import unpermute_rope
-from attnlab.interop.hf import CheckpointError
+from attnlab.interop.files import CheckpointError
 from attnlab.interop.local import resolve
 
 gguf = pytest.importorskip("gguf")

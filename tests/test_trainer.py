@@ -226,7 +226,7 @@ def test_a_switch_the_hf_layout_cannot_express_falls_back_to_attnlabs_own(tmp_pa
     import attnlab
     from attnlab.config import ConfigError
     from attnlab.models.decoder import CausalLM
-    from attnlab.training.checkpoint import save_model
+    from attnlab.interop.native import save_model
     cfg = attnlab.ModelConfig(model_type="gpt2", causal=True, vocab_size=50, hidden_size=16, num_layers=1,
                               num_heads=2, intermediate_size=32, max_position_embeddings=16, type_vocab_size=0,
                               pooler=False, norm_placement="pre", embedding_norm=False, bias=False,

@@ -170,7 +170,7 @@ def test_cli_page_for_an_encoder_decoder(tmp_path, minilm):
     target (--text-b) or for the model's own greedy output."""
     from attnlab.config import preset
     from attnlab.models.seq2seq import Seq2SeqLM
-    from attnlab.training.checkpoint import save_model
+    from attnlab.interop.native import save_model
     torch.manual_seed(0)
     model = Seq2SeqLM(preset("transformer-base", vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2,
                              intermediate_size=64, pad_token_id=0)).eval()

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     import attnlab
-    from ..interop.hf import atomic_write
+    from ..interop.files import atomic_write
     from ..inference.embed import embed, read_lines
     texts = read_lines(args.input)
     from ..inference.quantize import quantize

@@ -52,7 +52,8 @@ def parse_overrides(items: list[str]) -> dict:
 def model_skeleton(name: str, architecture: str | None = None, overrides: dict | None = None):
     """A weightless model (meta device) for a preset or a model directory: enough to count and explain."""
     from ..config import PRESETS, preset
-    from ..interop.hf import FAMILIES, config_from_hf_dir
+    from ..interop.hf import config_from_hf_dir
+    from ..interop.registry import FAMILIES
     from ..interop.local import resolve
     from ..viz.explain import build_on_meta
     if name in PRESETS:
@@ -63,7 +64,7 @@ def model_skeleton(name: str, architecture: str | None = None, overrides: dict |
     elif (resolve(name) / "attnlab_config.json").exists() and not (resolve(name) / "config.json").exists():
         import json  # attnlab's own layout: the config names the class
         from ..config import ModelConfig
-        from ..training.checkpoint import native_classes
+        from ..interop.native import native_classes
         data = json.loads((resolve(name) / "attnlab_config.json").read_text())
         cls = native_classes()[data["extra"].pop("attnlab_class", "Encoder")]
         cfg = ModelConfig.from_dict(data)

@@ -13,9 +13,10 @@ Only the published layout (one group holding one layer) is supported: num_hidden
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import _BERT_RENAMES, Family, Row, config_from_mapping, hf_activation, register
+from .bert import BERT_RENAMES
+from .registry import Family, Row, config_from_mapping, hf_activation, register
 
-_RENAMES = dict(_BERT_RENAMES, embedding_size="embedding_size")
+_RENAMES = dict(BERT_RENAMES, embedding_size="embedding_size")
 _ACT_BACK = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 
 

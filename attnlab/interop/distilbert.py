@@ -8,7 +8,7 @@ config keys (`dim`, `n_layers`, `hidden_dim`); LayerNorm eps is fixed at 1e-12.
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import Family, Row, config_from_mapping, hf_activation, register
+from .registry import Family, Row, config_from_mapping, hf_activation, register
 
 _RENAMES = {
     "vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_layers", "n_heads": "num_heads",

@@ -12,9 +12,10 @@ Both networks are our `Encoder` with BERT's blocks: ELECTRA changes the objectiv
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import BERT_BACKBONE, _BERT_RENAMES, Family, Row, config_from_mapping, hf_activation, register
+from .bert import BERT_BACKBONE, BERT_RENAMES
+from .registry import Family, Row, config_from_mapping, hf_activation, register
 
-_RENAMES = dict(_BERT_RENAMES, embedding_size="embedding_size")
+_RENAMES = dict(BERT_RENAMES, embedding_size="embedding_size")
 _ACT_BACK = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 OURS_ONLY = ("head_activation",)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, ModelConfig
-from .hf import CheckpointError
+from .files import CheckpointError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 

@@ -8,7 +8,7 @@ LayerNorm, no token types and no pooler. Two quirks of its checkpoints are handl
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import Family, Row, config_from_mapping, register
+from .registry import Family, Row, config_from_mapping, register
 
 _RENAMES = {
     "vocab_size": "vocab_size", "n_embd": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",

@@ -7,7 +7,7 @@ no embedding norm and grouped-query attention through `num_kv_heads`.
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import Family, Row, config_from_mapping, register
+from .registry import Family, Row, config_from_mapping, register
 
 _RENAMES = {
     "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",

@@ -17,7 +17,7 @@ counts |q - k| < window, so sliding_window = local_attention // 2 + 1.
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import Family, Row, config_from_mapping, register
+from .registry import Family, Row, config_from_mapping, register
 
 _RENAMES = {
     "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_layers",

@@ -11,8 +11,8 @@ The MLM head is BERT's with other names (`lm_head.*`), its activation fixed to G
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import (_BERT_RENAMES, BERT_BACKBONE, Family, Row, bert_config_to_hf, config_from_mapping,
-                 hf_activation, register)
+from .bert import BERT_BACKBONE, BERT_RENAMES, bert_config_to_hf
+from .registry import Family, Row, config_from_mapping, hf_activation, register
 
 # our extra keys that have no place in an HF config.json
 OURS_ONLY = ("position_offset", "head_activation")
@@ -27,7 +27,7 @@ def roberta_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig
     fixed = dict(model_type="roberta", activation=hf_activation(hf.get("hidden_act", "gelu"), source),
                  tie_word_embeddings=hf.get("tie_word_embeddings", True), pad_token_id=1,
                  bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"))
-    cfg = config_from_mapping(hf, source, _BERT_RENAMES, fixed,
+    cfg = config_from_mapping(hf, source, BERT_RENAMES, fixed,
                               {"hidden_act", "position_embedding_type", "tie_word_embeddings", "bos_token_id",
                                "eos_token_id"})
     if cfg.pad_token_id is None:

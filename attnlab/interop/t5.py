@@ -12,7 +12,7 @@ and reused by the others, as ours is held by the stack and handed to every layer
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .hf import Family, Row, config_from_mapping, register
+from .registry import Family, Row, config_from_mapping, register
 
 _RENAMES = {
     "vocab_size": "vocab_size", "d_model": "hidden_size", "d_kv": "head_dim", "d_ff": "intermediate_size",

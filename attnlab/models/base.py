@@ -1,5 +1,8 @@
 """What every attnlab model shares: a `.config`, an output object with Hugging Face field names,
-weight initialisation, parameter counts and `save()` to the Hugging Face layout."""
+weight initialisation, parameter counts and `save()` to the Hugging Face layout.
+
+Models know nothing of file formats: `attnlab.interop` (a layer above, never imported from here) fills
+`ARCHITECTURES` when a family registers and hands `Model` its checkpoint writer."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -10,6 +13,9 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+
+# model_type -> {Hugging Face architecture name: attnlab class}, filled by interop.registry.register
+ARCHITECTURES: dict[str, dict[str, type]] = {}
 
 
 @dataclass
@@ -54,12 +60,11 @@ class Model(nn.Module):
         """The Hugging Face name depends on the family as well as the class: one `MaskedLM` class is
         BertForMaskedLM, RobertaForMaskedLM or AlbertForMaskedLM. A class-level name that the config's
         family does not list is replaced (on this instance) by the one the family registers for the class."""
-        from ..interop.hf import FAMILIES
-        family = FAMILIES.get(self.config.model_type)
+        family = ARCHITECTURES.get(self.config.model_type)
         current = getattr(type(self), "hf_architecture", "")
-        if family is None or not isinstance(current, str) or current in family.architectures:
+        if family is None or not isinstance(current, str) or current in family:
             return  # unknown family, a per-family property (CausalLM), or already right
-        names = [name for name, (cls, _) in family.architectures.items() if cls is type(self)]
+        names = [name for name, cls in family.items() if cls is type(self)]
         if names:
             self.__dict__["hf_architecture"] = names[0]
 
@@ -91,10 +96,15 @@ class Model(nn.Module):
         """Distinct parameters (a tied matrix counts once)."""
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
+    #: set by attnlab.interop to its Hugging Face writer (models never import the layer above)
+    writer = None
+
     def save(self, path: str | Path) -> Path:
-        """Write config.json + model.safetensors in the Hugging Face layout (atomically)."""
-        from ..interop.hf import save_pretrained
-        return save_pretrained(self, path)
+        """Write config.json + model.safetensors in the Hugging Face layout (atomically); the same as
+        `attnlab.save(model, path, layout="hf")`, which also offers attnlab's own layout."""
+        if Model.writer is None:
+            raise RuntimeError("no checkpoint writer: import attnlab (its interop layer sets one)")
+        return Model.writer(self, path)
 
     @property
     def device(self) -> torch.device:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Task, data_root, labels_of
+from .base import Task, data_root, get_task, labels_of
 from .common import DataError, EpochBatches, collate, length_batches
 
 
@@ -118,12 +118,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     fine-tuned on `task`, the teacher; a student of `student_layers` layers starts from every other teacher
     layer (and the teacher's head) and learns from the teacher's soft targets at temperature T, the labels
     and the teacher's last hidden states (`distill`, a DistillConfig)."""
-    import attnlab
-    from ..interop.hf import atomic_write
+    from ..interop import load_tokenizer
+    from ..interop.files import atomic_write
     from ..training import TrainArgs, Trainer
-    from ..training.checkpoint import save_model
+    from ..interop.native import save_model
 
-    from . import get_task
     task = get_task(task) if isinstance(task, str) else task
     hp = {**dict(epochs=3, lr=5e-5, batch_size=32, max_length=128), **task.hyper}
     epochs = hp["epochs"] if epochs is None else epochs
@@ -152,7 +151,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     if not train_ex:
         raise DataError(f"{train_path}: no training examples")
     labels = task.label_list(train_ex)
-    tokenizer = attnlab.load_tokenizer(model)
+    tokenizer = load_tokenizer(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(newly initialised|unused tensors).*")  # a fresh head
         net = load_for_task(task, model, task.model_extra(labels))
@@ -214,7 +213,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
 
 def head_class(task: Task):
     """The attnlab wrapper class a task trains (tasks name it by its BERT class, e.g. BertForTokenClassification)."""
-    from ..interop.hf import FAMILIES
+    from ..interop.registry import FAMILIES
     return FAMILIES["bert"].architectures[task.architecture][0]
 
 
@@ -223,24 +222,25 @@ def load_for_task(task: Task, model: str | Path, extra: dict):
     for a RoBERTa), else the same head over the model's backbone (an ELECTRA discriminator, or a pretraining
     checkpoint saved in attnlab's own layout, gets a pooler and a classifier), which `save_model` then writes
     in attnlab's own layout."""
-    import attnlab
     from dataclasses import replace
 
-    from ..interop.hf import FAMILIES, config_from_hf_dir
+    from ..interop import load
+    from ..interop.hf import config_from_hf_dir
+    from ..interop.registry import FAMILIES
     from ..interop.local import resolve
     path = resolve(model)
     cls = head_class(task)
     if path.suffix.lower() == ".gguf":
-        return attnlab.load(path, architecture=task.architecture, extra=extra)
+        return load(path, architecture=task.architecture, extra=extra)
     if (path / "config.json").exists():
         config, _ = config_from_hf_dir(path)
         family = FAMILIES[config.model_type]
         names = [name for name, (c, _) in family.architectures.items() if c is cls]
         if names:
-            return attnlab.load(path, architecture=names[0], extra=extra)
-    loaded = attnlab.load(path)  # attnlab's own layout names its class (e.g. a pre-LN BertForPreTraining)
+            return load(path, architecture=names[0], extra=extra)
+    loaded = load(path)  # attnlab's own layout names its class (e.g. a pre-LN BertForPreTraining)
     if isinstance(loaded, cls):
-        return attnlab.load(path, extra=extra)
+        return load(path, extra=extra)
     backbone = getattr(loaded, "backbone", loaded)
     needs_pooler = cls.__name__ == "SequenceClassification"
     net = cls(replace(backbone.config, pooler=backbone.config.pooler or needs_pooler,
@@ -252,12 +252,12 @@ def load_for_task(task: Task, model: str | Path, extra: dict):
 
 
 def _load_for_eval(task: Task, model: str | Path):
-    import attnlab
-    net = attnlab.load(model)
+    from ..interop import load, load_tokenizer
+    net = load(model)
     if not isinstance(net, head_class(task)):
         raise ValueError(f"{model}: holds a {net.hf_architecture or type(net).__name__}, but task {task.name} "
                          f"needs a {task.architecture} (fine-tune it first: attnlab finetune {task.name} ...)")
-    return net, attnlab.load_tokenizer(model)
+    return net, load_tokenizer(model)
 
 
 def _trained_max_length(task: Task, model: str | Path, max_length: int | None) -> int:
@@ -277,7 +277,6 @@ def _trained_max_length(task: Task, model: str | Path, max_length: int | None) -
 def evaluate(task: str | Task, model: str | Path, data: str | Path, *, max_length: int | None = None,
              batch_size: int = 64, progress: bool = False) -> dict:
     """Metrics of a fine-tuned model on a labelled file in the task's format."""
-    from . import get_task
     task = get_task(task) if isinstance(task, str) else task
     net, tokenizer = _load_for_eval(task, model)
     examples = _read_many(task, data)
@@ -289,7 +288,6 @@ def evaluate(task: str | Task, model: str | Path, data: str | Path, *, max_lengt
 def predict(task: str | Task, model: str | Path, input: str | Path, output: str | Path, *,
             max_length: int | None = None, batch_size: int = 64, progress: bool = False) -> int:
     """Write predictions for unlabelled inputs; returns how many were written."""
-    from . import get_task
     task = get_task(task) if isinstance(task, str) else task
     net, tokenizer = _load_for_eval(task, model)
     examples = task.read_inputs(input)

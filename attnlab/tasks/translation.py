@@ -154,10 +154,10 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
 
 
 def load_translator(model_dir: str | Path):
-    import attnlab
+    from ..interop import load
     from ..tokenizers import load_tokenizer
     model_dir = Path(model_dir)
-    return attnlab.load(model_dir), load_tokenizer(model_dir)
+    return load(model_dir), load_tokenizer(model_dir)
 
 
 def translate_file(model_dir: str | Path, source: str | Path, output: str | Path, *, num_beams: int = 4,
@@ -165,7 +165,7 @@ def translate_file(model_dir: str | Path, source: str | Path, output: str | Path
     model, tok = load_translator(model_dir)
     lines = read_lines(source)
     hyps = translate(model, tok, lines, num_beams=num_beams, max_length=max_length)
-    from ..interop.hf import atomic_write
+    from ..interop.files import atomic_write
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(output, lambda tmp: Path(tmp).write_text("".join(h + "\n" for h in hyps), encoding="utf-8"))
@@ -202,7 +202,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     validation BLEU is written to `output` with its tokenizer; metrics.jsonl logs the run, metrics.json
     (returned) sums it up."""
     from ..config import PRESETS, preset
-    from ..interop.hf import atomic_write
+    from ..interop.files import atomic_write
     from ..models.seq2seq import Seq2SeqLM
     from ..training import TrainArgs, Trainer
     from .common import EpochBatches

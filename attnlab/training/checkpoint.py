@@ -1,7 +1,7 @@
 """Training checkpoints that survive being killed at any moment.
 
     OUTPUT/checkpoints/step-000100/
-        model/          config.json + model.safetensors in the Hugging Face layout (`attnlab.load` reads it)
+        model/          the model as `attnlab.save` writes it (`attnlab.load` reads it)
         trainer.pt      optimizer, scheduler, step, and per rank: RNG states and data position
 
 A checkpoint is assembled in a hidden temporary directory (`.tmp-step-N-PID`), every file and the
@@ -18,7 +18,6 @@ rename, so a test can kill the process in the middle of a checkpoint write deter
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -27,8 +26,9 @@ from pathlib import Path
 
 import torch
 
+from ..interop.native import load_model_weights, save_model
+
 STEP_DIR = re.compile(r"^step-(\d+)$")
-RAW_WEIGHTS = "attnlab_state.safetensors"  # our own names, for models no Hugging Face table describes
 
 
 def _fsync_dir(path: Path) -> None:
@@ -42,79 +42,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def save_model(model, directory: Path) -> None:
-    """Hugging Face layout when the model's family and head are known, else our own tensor names."""
-    from ..config import ConfigError
-    from ..interop.hf import FAMILIES, save_pretrained
-    family = FAMILIES.get(model.config.model_type)
-    if family is not None and model.hf_architecture in family.architectures:
-        try:
-            save_pretrained(model, directory)
-            return
-        except ConfigError:  # a switch the family's layout cannot express: keep our own names
-            pass
-    from safetensors.torch import save_file
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    seen: dict[int, str] = {}
-    for k in list(tensors):  # a tied matrix is stored once; load_state_dict re-ties it
-        ptr = tensors[k].data_ptr()
-        if ptr in seen:
-            del tensors[k]
-        else:
-            seen[ptr] = k
-    save_file(tensors, str(directory / RAW_WEIGHTS), metadata={"format": "pt"})
-    native = model.config.to_dict()
-    native["extra"] = {**native["extra"], "attnlab_class": type(model).__name__}
-    (directory / "attnlab_config.json").write_text(json.dumps(native, indent=2) + "\n")
-
-
-def native_classes() -> dict[str, type]:
-    """Every model class `attnlab_config.json` may name."""
-    from .. import heads
-    from ..models.base import Model
-    found: dict[str, type] = {}
-    todo = [Model]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            found.setdefault(sub.__name__, sub)
-            todo.append(sub)
-    return found
-
-
-def load_native(directory: Path, extra: dict | None = None):
-    """A model saved in attnlab's own layout (attnlab_config.json + attnlab_state.safetensors)."""
-    from ..config import ModelConfig
-    from ..models import decoder, seq2seq  # noqa: F401  (register their classes as Model subclasses)
-    path = directory / "attnlab_config.json"
-    data = json.loads(path.read_text())
-    name = data.get("extra", {}).pop("attnlab_class", "Encoder")
-    cfg = ModelConfig.from_dict(data, source=str(path))
-    cfg.extra.update(extra or {})
-    classes = native_classes()
-    if name not in classes:
-        raise ValueError(f"{path}: unknown model class {name!r}")
-    model = classes[name](cfg)
-    load_model_weights(model, directory)
-    return model
-
-
-def load_model_weights(model, directory: Path) -> None:
-    if (directory / RAW_WEIGHTS).exists():
-        from ..interop.hf import read_safetensors  # header checked against the file first
-        missing, unexpected = model.load_state_dict(read_safetensors(directory / RAW_WEIGHTS), strict=False)
-        tied = {k for k in missing if k.endswith("lm_head.weight") or k.endswith("mlm.decoder.weight")}
-        if set(missing) - tied or unexpected:
-            raise ValueError(f"{directory}: checkpoint does not fit the model (missing {sorted(set(missing) - tied)}, "
-                             f"unexpected {unexpected})")
-        model.tie_weights()
-        return
-    from ..interop.hf import FAMILIES, load_hf_state_dict, read_state_dict
-    family = FAMILIES[model.config.model_type]
-    sd, source = read_state_dict(directory)
-    load_hf_state_dict(model, sd, family, family.architectures[model.hf_architecture][1], source)
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:

@@ -224,7 +224,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
     if rank == 0:
         # OUTPUT/model: weights + config + tokenizer in one directory, which every command takes as
         # MODEL (generate, viz, finetune, info) without digging through checkpoints/
-        from .checkpoint import save_model
+        from ..interop.native import save_model
         final = Path(cfg.train.output_dir) / "model"
         if hasattr(model, "discriminator"):  # ELECTRA keeps the discriminator (+ model/generator)
             model.save(final)

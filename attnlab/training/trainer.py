@@ -44,6 +44,8 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 
+from ..interop.files import atomic_write
+from ..interop.native import save_model
 from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .optim import SCHEDULES, build_optimizer
 
@@ -239,7 +241,6 @@ class Trainer:
         if hasattr(self.train_data, "load_state_dict"):
             self.train_data.load_state_dict(mine["data"])
         if self.is_main and (self.output / "metrics.jsonl").exists():  # drop lines logged after the checkpoint
-            from ..interop.hf import atomic_write
             kept = [line for line in (self.output / "metrics.jsonl").read_text().splitlines()
                     if _logged_by(line, self.step)]
             atomic_write(self.output / "metrics.jsonl",
@@ -411,7 +412,6 @@ class Trainer:
 
 
 def _save_best(model, output: Path) -> None:
-    from .checkpoint import save_model
     save_model(model, output / "best")
 
 

@@ -63,7 +63,7 @@ def attention_page(model, tokenizer, text: str, text_b: str | None = None, *, vi
 
 def write_page(path: str | Path, page: str) -> Path:
     """Write the page atomically (a reader never sees half a file)."""
-    from ..interop.hf import atomic_write
+    from ..interop.files import atomic_write
     path = Path(path)
     if path.parent and not path.parent.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, event, given, note, settings, strategies as 
 
 from attnlab.config import ACTIVATIONS, ATTN_IMPLEMENTATIONS, NORMS, PLACEMENTS, POSITIONS, PRESETS, ConfigError, \
     ModelConfig
-from attnlab.interop.hf import FAMILIES, config_from_hf_dir
+from attnlab.interop.hf import config_from_hf_dir
+from attnlab.interop.registry import FAMILIES
 
 # ATTNLAB_FUZZ_EXAMPLES=5000 for a longer hunt; 150 keeps the file under a minute on one thread
 FUZZ = settings(max_examples=int(os.environ.get("ATTNLAB_FUZZ_EXAMPLES", 150)), deadline=None,

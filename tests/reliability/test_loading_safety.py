@@ -12,7 +12,8 @@ import torch
 
 import attnlab
 from attnlab.config import ModelConfig
-from attnlab.interop.hf import CheckpointError, save_pretrained
+from attnlab.interop.files import CheckpointError
+from attnlab.interop.hf import save_pretrained
 from attnlab.models.encoder import Encoder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +157,7 @@ def test_shard_outside_the_directory_is_not_read(bert_dir: Path, tmp_path: Path)
 
 def test_native_layout_weights_are_checked_too(tmp_path: Path):
     """attnlab's own layout (attnlab_state.safetensors) goes through the same header check."""
-    from attnlab.training.checkpoint import RAW_WEIGHTS, load_native
+    from attnlab.interop.native import RAW_WEIGHTS, load_native
     directory = tmp_path / "native"
     directory.mkdir()
     cfg = ModelConfig(**TINY)
