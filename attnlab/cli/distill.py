@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..objectives.distill import DistillConfig, distill
+    from ..objectives.distill import DistillConfig
+    from ..training.distill import distill
     cfg = DistillConfig(temperature=args.temperature, alpha_ce=args.alpha_ce, alpha_task=args.alpha_mlm,
                         alpha_cos=args.alpha_cos)
     if (args.task is None) == (args.corpus is None):

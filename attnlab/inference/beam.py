@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .generate import NEG, apply_repetition_penalty
 from .kv_cache import KVCache
+from .sampling import NEG, apply_repetition_penalty
 
 
 def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -25,7 +25,6 @@ def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     while idx.dim() < x.dim():
         idx = idx.unsqueeze(-1)
     return torch.take_along_dim(x, idx, dim=1)
-
 
 @torch.inference_mode()
 def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, num_beams: int,

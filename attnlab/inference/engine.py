@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from .generate import apply_repetition_penalty, top_k_filter, top_p_filter
 from .paged import BlockPool, BlockTable, PagedBatchCache
+from .sampling import apply_repetition_penalty, top_k_filter, top_p_filter
 
 
 MIN_TEMPERATURE = 1e-5  # smaller temperatures decode greedily (the limit of sampling as temperature -> 0)

@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException
 
 from ..inference.engine import Engine, QueueFull, SamplingParams
 from ..inference.quantize import linear_precision
+from .generation import register_generation
 from .metrics import Metrics
 from .schemas import ChatRequest, ClassifyRequest, CompletionRequest, EmbeddingRequest
 from .workers import EncoderWorker, TokenStream
@@ -254,7 +255,6 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
 
     # ------------------------------------------------------------------ decoders
     if kind == "decoder":
-        from .generation import register_generation
         register_generation(app, engine, tokenizer, name, limits, metrics, ApiError)
 
     for path in ("/v1/embeddings", "/v1/classify", "/v1/completions", "/v1/chat/completions"):
@@ -269,10 +269,6 @@ def _unsupported(path: str, kind: str, classifier: bool):
         raise ApiError(404, f"{path} needs {need}; this server runs {'a classifier' if classifier else 'an ' + kind}",
                        kind="not_found")
     return handler
-
-
-def sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 def new_id(prefix: str) -> str:

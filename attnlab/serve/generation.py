@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from ..inference.chat import apply_chat_template
 from ..inference.engine import QueueFull, SamplingParams
-from .schemas import ChatRequest, CompletionRequest
+from .schemas import ChatRequest, CompletionRequest, sse
 from .workers import TokenStream
 
 
@@ -101,7 +101,6 @@ def register_generation(app: FastAPI, engine, tokenizer, name: str, limits, metr
                     "choices": [c]}
 
         async def events():
-            from .app import sse
             status = 200
             try:
                 if chat:

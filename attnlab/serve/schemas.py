@@ -3,6 +3,8 @@ pydantic so that a wrong type is a 422 naming the field rather than an error dee
 Unknown fields are ignored, as OpenAI does; `top_k` and `repetition_penalty` are extensions."""
 from __future__ import annotations
 
+import json
+
 from typing import Literal, Union
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
@@ -52,3 +54,8 @@ class ClassifyRequest(BaseModel):
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+def sse(obj) -> str:
+    """One server-sent event (the streaming wire format of the completion endpoints)."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

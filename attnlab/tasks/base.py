@@ -2,6 +2,7 @@
 examples, and write predictions. `finetune`, `evaluate` and `predict` only talk to this interface."""
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,3 +75,18 @@ def check_label(label: str, label2id: dict, where: str) -> int:
     if label not in label2id:
         raise DataError(f"{where}: label {label!r} was not seen in training (known: {', '.join(label2id)})")
     return label2id[label]
+
+
+# task name -> (module, attribute): modules are imported on first use (a task module imports this one)
+_WHERE = {"sst2": ("glue", "GLUE_TASKS"), "mrpc": ("glue", "GLUE_TASKS"), "rte": ("glue", "GLUE_TASKS"),
+          "cola": ("glue", "GLUE_TASKS"), "stsb": ("glue", "GLUE_TASKS"), "conll2003": ("ner", "CONLL2003"),
+          "squad": ("qa", "SQUAD")}
+TASK_NAMES = tuple(_WHERE)
+
+
+def get_task(name: str) -> Task:
+    if name not in _WHERE:
+        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
+    module, attr = _WHERE[name]
+    found = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+    return found[name] if isinstance(found, dict) else found
