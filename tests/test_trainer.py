@@ -264,3 +264,25 @@ def test_best_metric_keeps_the_best_evaluation_and_patience_stops_early(tmp_path
     assert [r["step"] for r in evals] == [2, 4, 6, 8]
     with pytest.raises(ValueError, match="train.patience needs train.best_metric"):
         TrainArgs(output_dir=str(tmp_path), max_steps=1, patience=1).validate()
+
+
+def test_attnlab_save_picks_the_layout_the_model_fits(tmp_path):
+    """attnlab.save: the HF layout when the family can express the model, attnlab's own otherwise;
+    layout="hf" refuses what HF cannot express (as model.save does), an unknown layout is named."""
+    import attnlab
+    from attnlab.config import ConfigError
+    from attnlab.models.decoder import CausalLM
+    bert = attnlab.from_config(attnlab.ModelConfig(vocab_size=30, hidden_size=8, num_layers=1, num_heads=2,
+                                                   intermediate_size=16, max_position_embeddings=16))
+    attnlab.save(bert, tmp_path / "bert")
+    assert (tmp_path / "bert" / "config.json").exists() and not (tmp_path / "bert" / "attnlab_config.json").exists()
+    gpt = CausalLM(attnlab.ModelConfig(model_type="gpt2", causal=True, vocab_size=50, hidden_size=16, num_layers=1,
+                                       num_heads=2, intermediate_size=32, max_position_embeddings=16, type_vocab_size=0,
+                                       pooler=False, norm_placement="pre", embedding_norm=False, bias=False,
+                                       activation="gelu_tanh", pad_token_id=None, norm_eps=1e-5))
+    attnlab.save(gpt, tmp_path / "gpt")
+    assert (tmp_path / "gpt" / "attnlab_config.json").exists() and not (tmp_path / "gpt" / "config.json").exists()
+    with pytest.raises(ConfigError, match="cannot express bias=False"):
+        attnlab.save(gpt, tmp_path / "gpt-hf", layout="hf")
+    with pytest.raises(ValueError, match="layout='onnx'"):
+        attnlab.save(gpt, tmp_path / "x", layout="onnx")
