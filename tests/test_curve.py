@@ -107,3 +107,10 @@ def test_sizes_and_table_without_runs():
             parse_sizes(bad)
     table = markdown_table([], [ModelSpec("m"), ModelSpec("m", scratch=True)], [10], "accuracy")
     assert "| 10 | – | – |" in table
+
+
+def test_a_validation_subset_that_would_change_with_the_seed_is_refused(tmp_path):
+    from attnlab.tasks.curve import learning_curve
+    with pytest.raises(ValueError, match="max_eval_samples with several seeds"):
+        learning_curve("sst2", [ModelSpec("minilm")], [10], tmp_path, seeds=(1, 2), max_eval_samples=100)
+    assert not (tmp_path / "curve.json").exists()

@@ -98,6 +98,9 @@ def learning_curve(task, models: list[ModelSpec], sizes: list[int | None], outpu
     output.mkdir(parents=True, exist_ok=True)
     if not models:
         raise ValueError("learning_curve: give at least one model")
+    if finetune_options.get("max_eval_samples") and len(seeds) > 1:  # finetune draws that subset with `seed`
+        raise ValueError("learning_curve: max_eval_samples with several seeds would score each seed on other "
+                         "validation examples; give a smaller validation file instead")
     settings = {"task": task.name, "metric": task.main_metric,
                 "train": str(train_file) if train_file else None, "valid": str(valid_file) if valid_file else None,
                 **{k: v for k, v in sorted(finetune_options.items()) if k != "progress"}}
