@@ -93,6 +93,17 @@ def finetune_sentiment() -> None:
         print(f"  {label}  {text}")
 
 
+def learning_curve() -> None:
+    section("6b. learning curve: accuracy vs labeled examples, MiniLM vs its architecture from random weights")
+    data = HERE / "data"  # the same 40 + 10 demo sentences; the real curves use SST-2's 872-sentence hold-out
+    out = OUT / "curve"
+    cli(["curve", "sst2", "--model", MINILM, "--scratch", MINILM, "--sizes", "8,16,all", "--train",
+         str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
+         "--lr", "1e-4", "--batch-size", "8", "--output", str(out)])
+    print(f"(10 validation sentences: one is 10 points, so single runs are noisy; the plot is {out / 'curve.png'}; "
+          "run the demo again and the curve is read back from curve.json instead of retrained)")
+
+
 def serve_over_http() -> None:
     import json
     import socket
@@ -158,7 +169,7 @@ def translate_toy() -> None:
 
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
-            finetune_sentiment, serve_over_http, encoder_decoder, translate_toy]
+            finetune_sentiment, learning_curve, serve_over_http, encoder_decoder, translate_toy]
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ are created). Kinds:
   dir              an existing, readable directory
   run_dir          a directory holding a readable metrics.jsonl (named in the message when missing)
   model            a model directory (config.json or attnlab_config.json), a .gguf file or a packaged name
+  models           a list of those (a repeated option)
   model_or_preset  a preset name (bert-base, ...) or a model
   tokenizer        "char", or an existing readable tokenizer directory or file
 """
@@ -34,6 +35,7 @@ INPUTS: dict[str, dict[str, str]] = {
     "distill": {"teacher": "model", "corpus": "dir"},
     "translate": {"model": "model", "input": "file"},
     "serve": {"model": "model"},
+    "curve": {"model": "models", "scratch": "models", "train": "file", "valid": "file"},
 }
 
 
@@ -102,6 +104,8 @@ def check(kind: str, value) -> list[tuple[str, str]]:
     if kind == "files":
         items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
         return [p for item in items for p in check("file", item)]
+    if kind == "models":
+        return [p for item in value for p in check("model", item)]
     if kind == "model_or_preset":
         from ..config import PRESETS
         return [] if str(value) in PRESETS else check("model", value)

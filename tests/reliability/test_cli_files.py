@@ -56,8 +56,10 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
                               "--output", o],
         "translate": lambda v: ["translate", v["model"], "--input", v["input"], "--output", o],
         "serve": lambda v: ["serve", v["model"]],
+        "curve": lambda v: ["curve", "sst2", "--model", v["model"], "--scratch", v["scratch"], "--train", v["train"],
+                            "--valid", v["valid"], "--output", o],
     }[command]
-    values = {k: {"file": f, "files": f, "dir": d, "model": m, "model_or_preset": m, "tokenizer": d, "run_dir": d}[kind]
+    values = {k: {"file": f, "files": f, "dir": d, "model": m, "models": m, "model_or_preset": m, "tokenizer": d, "run_dir": d}[kind]
               for k, kind in INPUTS[command].items()}
     values[dest] = bad
     return base(values)
@@ -104,7 +106,8 @@ def test_missing_path(command, dest, kind, good, capsys, tmp_path):
     assert_one_line(code, err, option_of(command, dest), named, "no such", command)
 
 
-WRONG_TYPE = [(c, d, k) for c, d, k in CASES if k in ("file", "files", "dir", "run_dir", "model", "model_or_preset")]
+WRONG_TYPE = [(c, d, k) for c, d, k in CASES
+              if k in ("file", "files", "dir", "run_dir", "model", "models", "model_or_preset")]
 
 
 @pytest.mark.parametrize("command,dest,kind", WRONG_TYPE, ids=[f"{c}-{d}" for c, d, _ in WRONG_TYPE])
@@ -130,7 +133,7 @@ def test_directory_that_is_not_a_model(good, capsys):
 def test_unreadable_path(command, dest, kind, good, capsys, tmp_path, monkeypatch):
     """chmod 000. As root every file is readable, so there the permission check itself is made to fail
     (os.access says no) for that one path: the same message path, exercised without a real denial."""
-    is_dir = kind in ("dir", "run_dir", "model", "model_or_preset", "tokenizer")
+    is_dir = kind in ("dir", "run_dir", "model", "models", "model_or_preset", "tokenizer")
     target = tmp_path / ("locked" if is_dir else "locked.txt")
     if is_dir:
         target.mkdir()
