@@ -79,7 +79,7 @@ def _load(path: Path, settings: dict) -> list[dict]:
 
 
 def _save(path: Path, settings: dict, runs: list[dict]) -> None:
-    from ..interop.hf import atomic_write
+    from ..interop.files import atomic_write
     text = json.dumps({"settings": settings, "runs": runs}, indent=2) + "\n"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
