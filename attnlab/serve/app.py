@@ -42,6 +42,8 @@ from starlette.exceptions import HTTPException
 
 from ..inference.engine import Engine, QueueFull, SamplingParams
 from ..inference.quantize import linear_precision
+from .auth import ApiKeyAuth
+from .drain import Drain, DrainGate
 from .generation import register_generation
 from .metrics import Metrics
 from .schemas import ChatRequest, ClassifyRequest, CompletionRequest, EmbeddingRequest
@@ -105,9 +107,10 @@ def model_kind(model) -> str:
 
 def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None = None,
                start_engine: bool = True, compile: bool | dict = False,
-               compile_tokens: int | None = None) -> FastAPI:
+               compile_tokens: int | None = None, api_key: str | None = None) -> FastAPI:
     """compile: the decoder engine's decode step runs compiled (see `Engine`); its buckets for contexts
-    up to `compile_tokens` (default: the first bucket) are compiled here, before the server accepts requests."""
+    up to `compile_tokens` (default: the first bucket) are compiled here, before the server accepts requests.
+    api_key: every request but GET /health must send `Authorization: Bearer <api_key>` (see auth.py)."""
     limits = limits or Limits()
     kind = model_kind(model)
     metrics = Metrics()
@@ -137,8 +140,17 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         worker.stop()
 
     app = FastAPI(title=f"attnlab: {name}", lifespan=lifespan)
+    # the last added runs first: the drain gate, then the key check (before any body is read), then the body cap
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    if api_key is not None:
+        known = {"/health", "/metrics", "/viz", "/docs", "/openapi.json", "/v1/embeddings", "/v1/classify",
+                 "/v1/completions", "/v1/chat/completions"}
+        app.add_middleware(ApiKeyAuth, key=api_key,  # an unknown path is counted as "other": bounded /metrics
+                           on_reject=lambda path: metrics.record(path if path in known else "other", 401))
+    drain = Drain()
+    app.add_middleware(DrainGate, drain=drain)
     app.state.engine, app.state.worker, app.state.metrics, app.state.limits = engine, worker, metrics, limits
+    app.state.drain = drain
 
     @app.exception_handler(ApiError)
     async def _api_error(request, err: ApiError):
@@ -173,8 +185,12 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     # ------------------------------------------------------------------ always there
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": name, "kind": kind, "endpoints": endpoints,
-                "precision": linear_precision(model)}
+        out = {"status": "ok", "model": name, "kind": kind, "endpoints": endpoints,
+               "precision": linear_precision(model)}
+        if engine is not None:  # still "ok": a failed step fails its own requests and the engine goes on
+            out["failures"] = {"steps": engine.stats["failed_steps"], "requests": engine.stats["failed_requests"],
+                               "last_error": engine.last_error}
+        return out
 
     @app.get("/metrics")
     async def get_metrics():
