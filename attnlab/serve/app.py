@@ -19,7 +19,10 @@ once). Limits protect the process: max input tokens, max new tokens, max queued 
 request timeout (504, the request's KV blocks are freed), a body size cap (413). A client that
 disconnects mid-stream has its request cancelled, which returns its KV blocks to the pool; /metrics
 reports `kv_blocks_free` / `kv_blocks_total`, equal whenever nothing is running. Every rejection is a
-4xx with a JSON body `{"error": {"message", "type", "param", "code"}}`.
+4xx with a JSON body `{"error": {"message", "type", "param", "code"}}`. With `api_key=`, requests other than
+GET /health need `Authorization: Bearer <key>` (auth.py); a generation step that raises fails only the
+requests of that pass with a 500 (the engine goes on; /health reports it); drain.py stops the server
+without dropping requests in flight.
 
     >>> app = create_app(model, tokenizer, name="smollm2")
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)

@@ -11,6 +11,7 @@ import subprocess
 
 import httpx
 import pytest
+import torch
 import uvicorn
 from test_serve import Server, decoder, reference, smol_tok  # noqa: F401 - fixtures too
 
@@ -65,7 +66,7 @@ def test_every_endpoint_but_health_needs_the_key(guarded):
             for headers, why in [({}, "missing"), ({"Authorization": f"Bearer {WRONG}"}, "invalid"),
                                  ({"Authorization": KEY}, "invalid"),  # no Bearer scheme
                                  ({"Authorization": f"Bearer {KEY}x"}, "invalid"),
-                                 ({"Authorization": f"bearer {KEY[:-1]}"}, "invalid")]:
+                                 ({"Authorization": f"Bearer {KEY[:-1]}"}, "invalid")]:
                 r = c.request(method, path, json=body, headers=headers)
                 assert r.status_code == 401, (method, path, headers, r.text)
                 err = r.json()["error"]
@@ -125,7 +126,11 @@ def _serve_cli(argv, monkeypatch, capsys):
         seen.update(kw, middleware=app.user_middleware)
         app.state.worker.stop()  # create_app started it; no thread is left behind
     monkeypatch.setattr(drain, "run_server", run_server)
-    code = main(argv)
+    grad = torch.is_grad_enabled()
+    try:
+        code = main(argv)
+    finally:
+        torch.set_grad_enabled(grad)  # `serve` turns autograd off for the process; later tests train
     return code, capsys.readouterr().err, seen
 
 
@@ -211,6 +216,8 @@ def test_unusable_certificate_is_one_line_before_loading(tmp_path, saved_model, 
     model = str(saved_model)  # never loaded
     for extra, expected in [(["--ssl-certfile", str(tmp_path / "missing.pem"), "--ssl-keyfile", str(key)],
                              "--ssl-certfile"),
+                            (["--ssl-certfile", str(cert), "--ssl-keyfile", str(tmp_path / "missing-key.pem")],
+                             "--ssl-keyfile"),
                             (["--ssl-certfile", str(tmp_path / "junk.pem"), "--ssl-keyfile", str(key)],
                              "not a PEM certificate"),
                             (["--ssl-certfile", str(cert), "--ssl-keyfile", str(cert)], "not a PEM certificate"),
