@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 ENV_VAR = "ATTNLAB_API_KEY"
-OPEN_PATHS = {("GET", "/health"), ("HEAD", "/health")}
+OPEN_PATHS = {("GET", "/health")}  # what probes (load balancers, orchestrators) call without credentials
 
 
 def resolve_api_key(key: str | None = None, key_file: str | os.PathLike | None = None,
