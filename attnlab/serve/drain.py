@@ -81,10 +81,15 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True  # uvicorn's main loop notices within 0.1 s and shuts down
 
 
-def run_server(app, *, host: str, port: int, drain_seconds: float = 30.0, ssl_certfile: str | None = None,
-               ssl_keyfile: str | None = None, log_level: str = "info") -> None:
-    """Serve `app` (made by `create_app`) until a signal, then drain for up to `drain_seconds`."""
+def make_server(app, *, host: str, port: int, drain_seconds: float = 30.0, ssl_certfile: str | None = None,
+                ssl_keyfile: str | None = None, log_level: str = "info") -> DrainingServer:
+    """The server for `app` (made by `create_app`); `.run()` serves until a signal, then drains."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ssl_certfile=ssl_certfile,
                             ssl_keyfile=ssl_keyfile,
                             timeout_graceful_shutdown=1.0)  # after the drain: cancel what is left, quickly
-    DrainingServer(config, app.state.drain, drain_seconds).run()
+    return DrainingServer(config, app.state.drain, drain_seconds)
+
+
+def run_server(app, **options) -> None:
+    """Serve `app` until SIGTERM/Ctrl-C, then drain (options: those of `make_server`)."""
+    make_server(app, **options).run()

@@ -12,7 +12,6 @@ import subprocess
 import httpx
 import pytest
 import torch
-import uvicorn
 from test_serve import Server, decoder, reference, smol_tok  # noqa: F401 - fixtures too
 
 from attnlab.cli import main
@@ -169,15 +168,19 @@ def _openssl_cert(tmp_path):
 
 
 class TlsServer(Server):
+    """The server `attnlab serve --ssl-certfile C --ssl-keyfile K` runs (serve.drain.make_server), in a thread."""
+
     def __init__(self, app, cert, key) -> None:
         import socket
         import threading
         import time
+
+        from attnlab.serve.drain import make_server
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"https://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ssl_certfile=str(cert),
-                                                    ssl_keyfile=str(key)))
+        self.server = make_server(app, host="127.0.0.1", port=0, ssl_certfile=str(cert), ssl_keyfile=str(key),
+                                  log_level="warning")
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + 30
