@@ -21,6 +21,9 @@ import time
 import uvicorn
 
 POLL_S = 0.05
+# after the drain, what uvicorn still waits for before cancelling what runs: the drain already gave requests
+# their time, this only lets the last bytes of responses that just ended reach their sockets
+GRACE_S = 0.25
 
 
 class Drain:
@@ -85,8 +88,7 @@ def make_server(app, *, host: str, port: int, drain_seconds: float = 30.0, ssl_c
                 ssl_keyfile: str | None = None, log_level: str = "info") -> DrainingServer:
     """The server for `app` (made by `create_app`); `.run()` serves until a signal, then drains."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ssl_certfile=ssl_certfile,
-                            ssl_keyfile=ssl_keyfile,
-                            timeout_graceful_shutdown=1.0)  # after the drain: cancel what is left, quickly
+                            ssl_keyfile=ssl_keyfile, timeout_graceful_shutdown=GRACE_S)
     return DrainingServer(config, app.state.drain, drain_seconds)
 
 

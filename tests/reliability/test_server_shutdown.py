@@ -24,7 +24,7 @@ from attnlab.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-attnlab-Drain-5b1e77"
-LONG = 900  # tokens: seconds of decoding even on a fast machine, so SIGTERM lands mid-generation
+LONG = 1000  # tokens: seconds of decoding even on a fast machine, so SIGTERM lands mid-generation
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +117,9 @@ def test_sigterm_drains_a_stream_in_flight_then_exits_0(model_dir, tmp_path):
         assert final["choices"][0]["finish_reason"] == "length" and final["usage"]["completion_tokens"] == LONG
         print(f"\nthe stream ran {finished - sent:.1f} s after SIGTERM")
         assert finished - sent > 0.2, "the stream ended before the drain was tested: make LONG larger"
-        assert server.proc.wait(drain + 15) == 0, server.output()
-        assert time.monotonic() - sent < drain + 15
+        assert server.proc.wait(drain) == 0, server.output()
+        print(f"exit {time.monotonic() - sent:.1f} s after SIGTERM")
+        assert time.monotonic() - sent < drain
         assert refused(server.url)
         out = server.output()
         assert '"POST /v1/completions HTTP/1.1" 503' in out and KEY not in out, out
@@ -127,7 +128,7 @@ def test_sigterm_drains_a_stream_in_flight_then_exits_0(model_dir, tmp_path):
 
 
 def test_a_drain_shorter_than_the_work_still_exits_0_on_time(model_dir, tmp_path):
-    drain = 0.5
+    drain = 0.25
     server = ServeProcess(model_dir, tmp_path, drain)
     try:
         with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as client, \
@@ -140,8 +141,9 @@ def test_a_drain_shorter_than_the_work_still_exits_0_on_time(model_dir, tmp_path
             with pytest.raises(httpx.HTTPError):  # the stream is cut when the drain time is up
                 for line in lines:
                     assert line != "data: [DONE]", "the generation finished within the drain: make LONG larger"
-        assert server.proc.wait(drain + 15) == 0, server.output()
-        assert time.monotonic() - sent < drain + 15
+        assert server.proc.wait(drain + 5) == 0, server.output()
+        print(f"\nexit {time.monotonic() - sent:.1f} s after SIGTERM with --drain-seconds {drain}")
+        assert time.monotonic() - sent < drain + 5
         assert refused(server.url)
     finally:
         server.kill()
