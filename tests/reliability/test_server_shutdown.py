@@ -2,7 +2,7 @@
 an API key from a file): SIGTERM while a streaming completion is mid-generation. The stream runs to its
 end ([DONE], every token it asked for), a new request meanwhile gets 503, the port is closed once the
 drain is over, the process exits 0 within --drain-seconds, and nothing it printed contains the key. With
-a drain shorter than the generation, the process still exits 0 on time and the cut request is freed."""
+a drain shorter than the generation, the stream is cut (no [DONE]) and the process still exits 0 on time."""
 from __future__ import annotations
 
 import json
