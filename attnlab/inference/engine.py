@@ -28,8 +28,9 @@ When a forward pass (or sampling) raises, only the requests of that pass fail: e
 pass of the step and every later step run as usual (a request's K/V lives in its own blocks, so nothing
 of the failed pass is read again). `stats["failed_steps"]` / `["failed_requests"]` count them and the
 exception is logged with its traceback. Anything else that raises inside a step in the background loop
-fails every running request the same way and the loop goes on; a client callback that raises is logged
-and ignored. So no request waits forever on a step that died.
+(scheduling, bookkeeping: the engine's own state is then in doubt) fails every request it holds, running
+or queued, the same way, and the loop goes on with the requests that come next; a client callback that
+raises is logged and ignored. So no request waits forever on a step that died.
 
     >>> engine = Engine(model, num_blocks=64)
     >>> outs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=8))
@@ -196,6 +197,7 @@ class Engine:
     def _fail(self, reqs: list[Request], err: BaseException) -> None:
         """Finish `reqs` as failed by `err`, freeing their blocks (see the module docstring)."""
         reason = f"{type(err).__name__}: {err}"
+        reqs = [r for r in reqs if not r.finished]  # one that ended in this step before the error keeps its end
         log.error("engine step failed for %d request(s): %s", len(reqs), reason, exc_info=err)
         self.stats["failed_steps"] += 1
         self.stats["failed_requests"] += len(reqs)
@@ -203,8 +205,7 @@ class Engine:
         for r in reqs:
             if r in self.running:
                 self.running.remove(r)
-            if not r.finished:
-                self._finish(r, "error", reason)
+            self._finish(r, "error", reason)
 
     # ------------------------------------------------------------------ scheduling
     def _drop_cancelled(self) -> None:
@@ -424,5 +425,7 @@ class Engine:
             try:
                 self.step()
             except Exception as err:  # noqa: BLE001 - outside a forward pass (scheduling, bookkeeping)
-                self._fail(list(self.running), err)
+                with self._lock:
+                    held, self.waiting = list(self.running) + list(self.waiting), deque()
+                self._fail(held, err)
                 self.running = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 import time
 
 import httpx
@@ -91,23 +92,29 @@ def test_a_raising_callback_or_bookkeeping_error_never_stops_the_loop(decoder): 
         bad = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=4), on_event=explode)
         assert bad.done.wait(30) and bad.finish_reason == "length"  # the callback's error is logged, not fatal
         original = engine._schedule
-        calls = []
+        calls, both_queued = [], threading.Event()
 
-        def broken_once():  # an error outside any forward pass: the loop fails what runs and goes on
+        def broken_once():  # an error outside any forward pass: the loop fails what it holds and goes on
             if not calls:
                 calls.append(1)
-                original()
+                both_queued.wait(10)
+                original()  # admits one (max_batch=1), the other stays queued
                 raise RuntimeError("scheduler bug")
             return original()
         engine._schedule = broken_once
+        engine.max_batch = 1
         victim = engine.add_request([8, 9, 10], SamplingParams(max_new_tokens=4))
-        assert victim.done.wait(30) and victim.finish_reason == "error" and "scheduler bug" in victim.error
+        queued = engine.add_request([8, 9, 11], SamplingParams(max_new_tokens=4))
+        both_queued.set()
+        for r in (victim, queued):  # running or still queued: every request held ends, none hangs
+            assert r.done.wait(30) and r.finish_reason == "error" and "scheduler bug" in r.error
+        engine.max_batch = 4
         after = engine.add_request([8, 9, 10], SamplingParams(max_new_tokens=4))
         assert after.done.wait(30) and after.finish_reason in ("length", "stop")
         deadline = time.time() + 10
         while engine.pool.num_free != engine.pool.capacity_blocks and time.time() < deadline:
             time.sleep(0.01)
-        assert engine.pool.num_free == engine.pool.capacity_blocks and engine.stats["failed_requests"] == 1
+        assert engine.pool.num_free == engine.pool.capacity_blocks and engine.stats["failed_requests"] == 2
     finally:
         engine.stop()
 
