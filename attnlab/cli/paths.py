@@ -34,7 +34,7 @@ INPUTS: dict[str, dict[str, str]] = {
     "pretrain": {"config": "file"},
     "distill": {"teacher": "model", "corpus": "dir"},
     "translate": {"model": "model", "input": "file"},
-    "serve": {"model": "model"},
+    "serve": {"model": "model", "api_key_file": "file", "ssl_certfile": "file", "ssl_keyfile": "file"},
     "curve": {"model": "models", "scratch": "models", "train": "file", "valid": "file"},
 }
 

@@ -6,14 +6,22 @@ decoding all concurrent requests together with continuous batching over a paged 
 Always: GET /health, GET /metrics (JSON), GET /viz?text=... (the attention page).
 Binds 127.0.0.1 unless --host says otherwise.
 
+Access: with an API key (--api-key KEY, --api-key-file PATH, or the ATTNLAB_API_KEY environment variable)
+every request but GET /health must send `Authorization: Bearer KEY`, else 401. Binding an address other
+than loopback without a key prints a warning. --ssl-certfile/--ssl-keyfile serve HTTPS.
+Stopping: SIGTERM or Ctrl-C answers new requests 503 while the ones in flight finish (at most
+--drain-seconds), then closes the port and exits 0; a second signal stops at once.
+
 examples:
   attnlab serve smollm2 --port 8000
   curl -s localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":20}'
   attnlab serve sentence-transformers/all-MiniLM-L6-v2 --dtype int8
+  ATTNLAB_API_KEY=$(cat ~/.attnlab-key) attnlab serve smollm2 --host 0.0.0.0 --ssl-certfile c.pem --ssl-keyfile k.pem
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 NAME = "serve"
 HELP = "serve a model over HTTP (embeddings / classify / completions / chat, streaming, /metrics, /viz)"
@@ -43,19 +51,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-tokens", type=int, default=None, metavar="N",
                    help="with --compile: contexts (prompt + generated) up to N tokens are compiled before the "
                         "server starts, in 128-token buckets (default 128: one bucket)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every request but GET /health (401 otherwise); "
+                        "prefer --api-key-file or the ATTNLAB_API_KEY environment variable, which keep the key "
+                        "out of the shell history and the process list")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="read the API key from the first line of this file")
+    p.add_argument("--ssl-certfile", default=None, metavar="PATH", help="serve HTTPS with this PEM certificate")
+    p.add_argument("--ssl-keyfile", default=None, metavar="PATH", help="the certificate's PEM private key")
+    p.add_argument("--drain-seconds", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM/Ctrl-C, how long requests in flight may run on while new ones get 503 "
+                        "(default 30)")
+
+
+def check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """Refuse, in one line, a certificate/key pair that uvicorn could not load (before the model loads)."""
+    import ssl
+    if (certfile is None) != (keyfile is None):
+        raise ValueError("--ssl-certfile and --ssl-keyfile go together: give both or neither")
+    if certfile is None:
+        return
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as err:
+        raise ValueError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: not a PEM certificate and its "
+                         f"private key ({err.reason or err})")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    import uvicorn
 
     import attnlab
     from ..inference.quantize import quantize
     from ..serve.app import Limits, create_app
+    from ..serve.auth import ENV_VAR, is_loopback, resolve_api_key
+    from ..serve.drain import run_server
     if args.compile and args.dtype != "fp32":
         raise SystemExit("attnlab serve: --compile needs --dtype fp32")
     if args.compile_tokens is not None and (not args.compile or args.compile_tokens < 1):
         raise SystemExit("attnlab serve: --compile-tokens needs --compile and a positive number of tokens")
+    if args.drain_seconds < 0:
+        raise SystemExit("attnlab serve: --drain-seconds must be 0 or more")
+    api_key = resolve_api_key(args.api_key, args.api_key_file)
+    check_tls(args.ssl_certfile, args.ssl_keyfile)
+    if api_key is None and not is_loopback(args.host):
+        print(f"attnlab serve: warning: {args.host} is reachable from other machines and no API key is set: anyone "
+              f"who can reach port {args.port} can use this server (set --api-key-file or {ENV_VAR})",
+              file=sys.stderr, flush=True)
     torch.set_grad_enabled(False)
     model = attnlab.load(args.model)
     if args.dtype != "fp32":
@@ -65,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                     max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                     max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)
     app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile,
-                     compile_tokens=args.compile_tokens)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+                     compile_tokens=args.compile_tokens, api_key=api_key)
+    run_server(app, host=args.host, port=args.port, drain_seconds=args.drain_seconds,
+               ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     return 0

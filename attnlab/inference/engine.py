@@ -23,12 +23,22 @@ decoding sequence that is its last sampled token; for a newly admitted one it is
      rows rounded up to a power of two (idle rows are padding), gather width up to a multiple of 128;
   5. sample each row with its own settings, append, and finish rows on EOS / stop string / length.
 
+When a forward pass (or sampling) raises, only the requests of that pass fail: each is finished with
+`finish_reason="error"` and the exception as its `error`, its blocks go back to the pool, and the other
+pass of the step and every later step run as usual (a request's K/V lives in its own blocks, so nothing
+of the failed pass is read again). `stats["failed_steps"]` / `["failed_requests"]` count them and the
+exception is logged with its traceback. Anything else that raises inside a step in the background loop
+(scheduling, bookkeeping: the engine's own state is then in doubt) fails every request it holds, running
+or queued, the same way, and the loop goes on with the requests that come next; a client callback that
+raises is logged and ignored. So no request waits forever on a step that died.
+
     >>> engine = Engine(model, num_blocks=64)
     >>> outs = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=8))
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -40,6 +50,8 @@ import torch
 from .paged import BlockPool, BlockTable, PagedBatchCache
 from .sampling import apply_repetition_penalty, top_k_filter, top_p_filter
 
+
+log = logging.getLogger(__name__)
 
 MIN_TEMPERATURE = 1e-5  # smaller temperatures decode greedily (the limit of sampling as temperature -> 0)
 MIN_ROWS = 8  # the smallest compiled decode batch (see Engine._decode_rows)
@@ -116,7 +128,9 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._stop = False
-        self.stats = dict(requests=0, finished=0, prompt_tokens=0, generated_tokens=0, steps=0, preemptions=0, cancelled=0)
+        self.stats = dict(requests=0, finished=0, prompt_tokens=0, generated_tokens=0, steps=0, preemptions=0, cancelled=0,
+                          failed_steps=0, failed_requests=0)
+        self.last_error: str | None = None  # the most recent failure, "ExceptionType: message"
 
     # ------------------------------------------------------------------ requests in and out
     def check(self, prompt_len: int, params: SamplingParams) -> None:
@@ -166,9 +180,32 @@ class Engine:
         req.finish_reason, req.error = reason, error
         self.pool.free(req.table)
         self.stats["finished"] += 1
-        if req.on_event:
-            req.on_event(req, None)
+        self._notify(req, None)
         req.done.set()
+
+    @staticmethod
+    def _notify(req: Request, token: int | None) -> None:
+        """Tell the request's owner; its callback failing (e.g. the server's event loop has closed) must not
+        stop the engine for everyone else."""
+        if req.on_event is None:
+            return
+        try:
+            req.on_event(req, token)
+        except Exception:  # noqa: BLE001 - one client's problem, logged
+            log.exception("request %d: its on_event callback raised; ignored", req.id)
+
+    def _fail(self, reqs: list[Request], err: BaseException) -> None:
+        """Finish `reqs` as failed by `err`, freeing their blocks (see the module docstring)."""
+        reason = f"{type(err).__name__}: {err}"
+        reqs = [r for r in reqs if not r.finished]  # one that ended in this step before the error keeps its end
+        log.error("engine step failed for %d request(s): %s", len(reqs), reason, exc_info=err)
+        self.stats["failed_steps"] += 1
+        self.stats["failed_requests"] += len(reqs)
+        self.last_error = reason
+        for r in reqs:
+            if r in self.running:
+                self.running.remove(r)
+            self._finish(r, "error", reason)
 
     # ------------------------------------------------------------------ scheduling
     def _drop_cancelled(self) -> None:
@@ -314,8 +351,7 @@ class Engine:
         self.stats["generated_tokens"] += 1
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
-        if req.on_event:
-            req.on_event(req, token)
+        self._notify(req, token)
         p = req.params
         eos = self.eos if p.eos_token_ids is None else list(p.eos_token_ids)
         if not p.ignore_eos and token in eos:
@@ -344,9 +380,7 @@ class Engine:
                 compiled = self.decoder is not None and group is decode
                 tokens = self._sample(group, self._decode_compiled(group) if compiled else self._forward(group))
             except Exception as err:  # a failing batch must not take the other requests' server down
-                for r in group:
-                    self.running.remove(r)
-                    self._finish(r, "error", f"{type(err).__name__}: {err}")
+                self._fail(group, err)
                 continue
             for r, t in zip(group, tokens):
                 self._append(r, t)
@@ -388,4 +422,10 @@ class Engine:
                     self._wake.wait()
                 if self._stop:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as err:  # noqa: BLE001 - outside a forward pass (scheduling, bookkeeping)
+                with self._lock:
+                    held, self.waiting = list(self.running) + list(self.waiting), deque()
+                self._fail(held, err)
+                self.running = []

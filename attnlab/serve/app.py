@@ -19,7 +19,10 @@ once). Limits protect the process: max input tokens, max new tokens, max queued 
 request timeout (504, the request's KV blocks are freed), a body size cap (413). A client that
 disconnects mid-stream has its request cancelled, which returns its KV blocks to the pool; /metrics
 reports `kv_blocks_free` / `kv_blocks_total`, equal whenever nothing is running. Every rejection is a
-4xx with a JSON body `{"error": {"message", "type", "param", "code"}}`.
+4xx with a JSON body `{"error": {"message", "type", "param", "code"}}`. With `api_key=`, requests other than
+GET /health need `Authorization: Bearer <key>` (auth.py); a generation step that raises fails only the
+requests of that pass with a 500 (the engine goes on; /health reports it); drain.py stops the server
+without dropping requests in flight.
 
     >>> app = create_app(model, tokenizer, name="smollm2")
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)
@@ -42,6 +45,8 @@ from starlette.exceptions import HTTPException
 
 from ..inference.engine import Engine, QueueFull, SamplingParams
 from ..inference.quantize import linear_precision
+from .auth import ApiKeyAuth
+from .drain import Drain, DrainGate
 from .generation import register_generation
 from .metrics import Metrics
 from .schemas import ChatRequest, ClassifyRequest, CompletionRequest, EmbeddingRequest
@@ -105,9 +110,10 @@ def model_kind(model) -> str:
 
 def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None = None,
                start_engine: bool = True, compile: bool | dict = False,
-               compile_tokens: int | None = None) -> FastAPI:
+               compile_tokens: int | None = None, api_key: str | None = None) -> FastAPI:
     """compile: the decoder engine's decode step runs compiled (see `Engine`); its buckets for contexts
-    up to `compile_tokens` (default: the first bucket) are compiled here, before the server accepts requests."""
+    up to `compile_tokens` (default: the first bucket) are compiled here, before the server accepts requests.
+    api_key: every request but GET /health must send `Authorization: Bearer <api_key>` (see auth.py)."""
     limits = limits or Limits()
     kind = model_kind(model)
     metrics = Metrics()
@@ -137,8 +143,17 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         worker.stop()
 
     app = FastAPI(title=f"attnlab: {name}", lifespan=lifespan)
+    # the last added runs first: the drain gate, then the key check (before any body is read), then the body cap
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    if api_key is not None:
+        known = {"/health", "/metrics", "/viz", "/docs", "/openapi.json", "/v1/embeddings", "/v1/classify",
+                 "/v1/completions", "/v1/chat/completions"}
+        app.add_middleware(ApiKeyAuth, key=api_key,  # an unknown path is counted as "other": bounded /metrics
+                           on_reject=lambda path: metrics.record(path if path in known else "other", 401))
+    drain = Drain()
+    app.add_middleware(DrainGate, drain=drain)
     app.state.engine, app.state.worker, app.state.metrics, app.state.limits = engine, worker, metrics, limits
+    app.state.drain = drain
 
     @app.exception_handler(ApiError)
     async def _api_error(request, err: ApiError):
@@ -173,8 +188,12 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     # ------------------------------------------------------------------ always there
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": name, "kind": kind, "endpoints": endpoints,
-                "precision": linear_precision(model)}
+        out = {"status": "ok", "model": name, "kind": kind, "endpoints": endpoints,
+               "precision": linear_precision(model)}
+        if engine is not None:  # still "ok": a failed step fails its own requests and the engine goes on
+            out["failures"] = {"steps": engine.stats["failed_steps"], "requests": engine.stats["failed_requests"],
+                               "last_error": engine.last_error}
+        return out
 
     @app.get("/metrics")
     async def get_metrics():

@@ -55,7 +55,8 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
         "distill": lambda v: ["distill", "--teacher", v["teacher"], "--corpus", v["corpus"], "--student-layers", "1",
                               "--output", o],
         "translate": lambda v: ["translate", v["model"], "--input", v["input"], "--output", o],
-        "serve": lambda v: ["serve", v["model"]],
+        "serve": lambda v: ["serve", v["model"], "--api-key-file", v["api_key_file"], "--ssl-certfile", v["ssl_certfile"],
+                            "--ssl-keyfile", v["ssl_keyfile"]],
         "curve": lambda v: ["curve", "sst2", "--model", v["model"], "--scratch", v["scratch"], "--train", v["train"],
                             "--valid", v["valid"], "--output", o],
     }[command]
