@@ -286,3 +286,15 @@ def test_attnlab_save_picks_the_layout_the_model_fits(tmp_path):
         attnlab.save(gpt, tmp_path / "gpt-hf", layout="hf")
     with pytest.raises(ValueError, match="layout='onnx'"):
         attnlab.save(gpt, tmp_path / "x", layout="onnx")
+
+
+def test_atomic_write_leaves_a_file_readable_as_the_umask_allows(tmp_path):
+    """mkstemp creates 0600 temporaries; the renamed file must not stay owner-only (metrics.json, curves)."""
+    import os
+
+    from attnlab.interop import files
+    target = tmp_path / "metrics.json"
+    files.atomic_write(target, lambda tmp: open(tmp, "w").write("{}\n"))
+    assert target.read_text() == "{}\n"
+    assert target.stat().st_mode & 0o777 == 0o666 & ~files._UMASK
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
