@@ -253,3 +253,15 @@ def open_shards(directory: str | Path, split: str = "train") -> list[Shard]:
 
 def read_meta(directory: str | Path) -> dict:
     return json.loads((Path(directory) / "meta.json").read_text())
+
+
+def token_counts(shards: list[Shard], vocab_size: int) -> np.ndarray:
+    """How often each id occurs in `shards` (int64, length vocab_size): the unigram model that masked-LM
+    accuracy is compared with (objectives.mlm.unigram_baseline). One shard in memory at a time."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for shard in shards:
+        ids = np.asarray(shard.tokens[:shard.num_tokens])
+        if len(ids) and int(ids.max()) >= vocab_size:
+            raise ValueError(f"{shard.path}: token id {int(ids.max())} >= vocab_size {vocab_size}")
+        counts += np.bincount(ids, minlength=vocab_size)
+    return counts

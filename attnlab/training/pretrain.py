@@ -5,6 +5,7 @@ that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
 
     model:      preset: bert-mini        # any attnlab.config preset, then ModelConfig fields
                 max_position_embeddings: 128
+                # or: init_from: DIR         # continue from a checkpoint (its architecture, its weights)
     data:       path: /work/runs/corpus  # a prepared corpus (attnlab prepare); built first if absent
                 files: [...]             #   from these files (globs; $ATTNLAB_DATA is expanded)
                 tokenizer: DIR | char    #   with this tokenizer (a directory, or "char" to build one)
@@ -14,6 +15,16 @@ that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
     train:      max_steps: 1000          # see attnlab.training.TrainArgs
                 output_dir: /work/runs/bert-mini
 
+`model.init_from=DIR` continues masked-LM pretraining from any encoder checkpoint `attnlab.load` reads
+(attnlab's own layout or Hugging Face's: BertModel, BertForMaskedLM, BertForPreTraining, a fine-tuned
+classifier...): the architecture is the checkpoint's, its backbone and heads are loaded, and a head the
+checkpoint lacks (the MLM head of a bare encoder, NSP) starts fresh. Domain- and task-adaptive
+pretraining (SciBERT, Gururangan et al. 2020) are this with a new corpus in the same vocabulary.
+
+Every MLM evaluation also logs `unigram_accuracy` / `unigram_loss` on the same held-out masked tokens
+(objectives.mlm.unigram_baseline over the training shards' counts); OUTPUT/summary.json gives tokens/s
+and MFU (model FLOPs over an fp32 matmul ceiling measured at start).
+
 Overrides on the command line use dotted keys: `train.lr=3e-4 data.batch_size=16` (values are YAML).
 """
 from __future__ import annotations
@@ -21,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,13 +208,20 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
     corpus = ensure_corpus(cfg.data) if rank else Path(os.path.expandvars(cfg.data.path))
     tokenizer = load_tokenizer(corpus / "tokenizer")
     objective = build_objective(cfg.objective, tokenizer, cfg.data.seq_len)
-    model_cfg = build_model_config(cfg.model, tokenizer, cfg.data.seq_len)
+    source = cfg.model.get("init_from")
+    if source:
+        model = init_from(source, objective, tokenizer, cfg.model, cfg.data.seq_len, seed=cfg.train.seed,
+                          verbose=rank == 0)
+        model_cfg = model.config
+    else:
+        model_cfg = build_model_config(cfg.model, tokenizer, cfg.data.seq_len)
     if objective.kind == "clm" and not model_cfg.causal:
         raise ConfigError("objective.kind=clm needs a causal model (model.causal: true)")
     if objective.kind != "clm" and model_cfg.causal:
         raise ConfigError(f"objective.kind={objective.kind} needs a bidirectional model (model.causal: false)")
-    torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank and every run
-    model = objective.model_class(model_cfg)
+    if not source:
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank and every run
+        model = objective.model_class(model_cfg)
 
     slices = cfg.data.slices or world
     if slices % world:
@@ -218,9 +238,18 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
              "objective": dataclasses.asdict(cfg.objective), "train": dataclasses.asdict(cfg.train)},
             sort_keys=False))
         tokenizer.save(Path(cfg.train.output_dir) / "tokenizer")
-    trainer = Trainer(model, cfg.train, train, loss_fn=objective.loss, eval_data=eval_data,
-                      metrics_fn=objective.metrics)
+    metrics_fn = objective.metrics
+    if eval_data and objective.kind.startswith("mlm"):
+        # the same held-out masked tokens scored by word counts alone, logged next to every evaluation
+        from ..data.shards import token_counts
+        from ..objectives.mlm import unigram_baseline
+        baseline = unigram_baseline(token_counts(open_shards(corpus, "train"), model_cfg.vocab_size), eval_data)
+        metrics_fn = lambda sums: {**objective.metrics(sums), **baseline}  # noqa: E731
+    ceiling = matmul_ceiling(model_cfg.hidden_size) if rank == 0 else 0.0
+    trainer = Trainer(model, cfg.train, train, loss_fn=objective.loss, eval_data=eval_data, metrics_fn=metrics_fn)
     metrics = trainer.train()
+    if rank == 0:
+        write_summary(cfg, model, trainer, metrics, ceiling, world)
     if rank == 0:
         # OUTPUT/model: weights + config + tokenizer in one directory, which every command takes as
         # MODEL (generate, viz, finetune, info) without digging through checkpoints/
@@ -232,3 +261,121 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
             save_model(model, final)
         tokenizer.save(final)
     return metrics
+
+
+def init_from(directory: str, objective, tokenizer, model_section: dict, seq_len: int, seed: int = 0,
+              verbose: bool = True):
+    """The objective's model class built on the architecture of the checkpoint in `directory`, with
+    every weight the checkpoint has (backbone, MLM head, NSP head); the heads it lacks start fresh.
+
+    The checkpoint's vocabulary must be the corpus tokenizer's (same ids), else the embeddings would
+    mean other words: continued pretraining keeps the vocabulary and changes the text."""
+    from .. import load
+    from ..tokenizers import load_tokenizer
+    where = f"model.init_from={directory}"
+    others = sorted(k for k in model_section if k != "init_from")
+    if others:
+        raise ConfigError(f"{where}: the architecture comes from the checkpoint; remove model.{others[0]}")
+    path = Path(os.path.expandvars(os.path.expanduser(directory)))
+    if not path.is_dir():
+        raise FileNotFoundError(f"{where}: no such directory")
+    try:
+        theirs = load_tokenizer(path)
+    except (OSError, ValueError):
+        theirs = None  # a checkpoint without tokenizer files: only the size can be checked
+    if theirs is not None and theirs.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"{where}: its tokenizer differs from the corpus's (data.path's tokenizer/); "
+                          "prepare the corpus with the checkpoint's tokenizer (attnlab prepare --tokenizer DIR)")
+    src = load(path)
+    if src.config.causal:
+        raise ConfigError(f"{where}: a causal model; masked-LM pretraining needs a bidirectional encoder")
+    if src.config.vocab_size < tokenizer.vocab_size:
+        raise ConfigError(f"{where}: vocab_size={src.config.vocab_size} is smaller than the tokenizer's "
+                          f"{tokenizer.vocab_size}")
+    if src.config.position == "learned" and src.config.max_position_embeddings < seq_len:
+        raise ConfigError(f"{where}: max_position_embeddings={src.config.max_position_embeddings} < "
+                          f"data.seq_len={seq_len}")
+    import torch
+    torch.manual_seed(seed)  # fresh heads start the same on every rank and every run
+    model = objective.model_class(src.config)
+    state = src.state_dict()
+    if not hasattr(src, "backbone"):  # a bare Encoder (BertModel): its weights are our backbone's
+        state = {f"backbone.{k}": v for k, v in state.items()}
+    mine = model.state_dict()
+    wrong = [k for k in state if k in mine and state[k].shape != mine[k].shape]
+    if wrong:
+        raise ValueError(f"{where}: {wrong[0]} has shape {tuple(state[wrong[0]].shape)}, the model needs "
+                         f"{tuple(mine[wrong[0]].shape)}")
+    missing, _unused = model.load_state_dict({k: v for k, v in state.items() if k in mine}, strict=False)
+    tied = {k for k in missing if k.endswith("mlm.decoder.weight")}  # re-tied to the embeddings below
+    fresh = sorted(k for k in set(missing) - tied if not k.startswith(("mlm.", "nsp.", "backbone.pooler.")))
+    if fresh:
+        raise ValueError(f"{where}: the checkpoint has no {fresh[0]} (and {len(fresh) - 1} more backbone "
+                         "weights): not an encoder of this architecture")
+    model.tie_weights()
+    heads = sorted({k.split(".")[0] if not k.startswith("backbone.") else "pooler" for k in set(missing) - tied})
+    if verbose:
+        print(f"init_from {path}: {type(src).__name__} -> {type(model).__name__}"
+              + (f"; fresh: {', '.join(heads)}" if heads else ""), file=sys.stderr)
+    return model
+
+
+def matmul_ceiling(width: int, seconds: float = 1.0) -> float:
+    """Measured fp32 GEMM rate (FLOP/s) of this machine at the current thread count, on square
+    matrices of a size the model's own matmuls have (the MFU denominator): best of a few timed runs."""
+    import torch
+    n = max(256, min(2048, 4 * width))
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up: thread pool and allocator
+    best, t_end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+    return best
+
+
+def train_flops_per_token(model, seq_len: int, mask_prob: float | None) -> float:
+    """Forward + backward FLOPs per input token (6 per weight of every matmul a token passes, plus
+    attention's scores and mixing, 12 * layers * seq_len * width; Kaplan et al. 2020). With sparse
+    MLM prediction only the chosen share of tokens pays for the vocabulary projection."""
+    import torch
+    cfg, total = model.config, 0.0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            share = mask_prob if (mask_prob is not None and name.startswith("mlm.")) else 1.0
+            if name.startswith(("nsp.", "backbone.pooler")):
+                share = 1.0 / seq_len  # once per sequence
+            total += 6 * module.weight.numel() * share
+    return total + 12 * cfg.num_layers * seq_len * cfg.hidden_size
+
+
+def write_summary(cfg: PretrainConfig, model, trainer, metrics: dict, ceiling: float, world: int) -> None:
+    """OUTPUT/summary.json: tokens seen, training tokens/s (median of the logged intervals, evaluations
+    and checkpoints excluded), MFU against the measured matmul ceiling, load average, final metrics."""
+    import json
+    import statistics
+    out = Path(cfg.train.output_dir)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    tps = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    rate = statistics.median(tps) if tps else 0.0
+    sparse = cfg.objective.sparse_prediction and cfg.objective.kind.startswith("mlm")
+    flops = train_flops_per_token(model, cfg.data.seq_len, cfg.objective.mask_prob if sparse else None)
+    import torch
+    summary = {
+        "steps": trainer.step,
+        "tokens_seen": trainer.batches_seen * cfg.data.batch_size * cfg.data.seq_len * world,
+        "tokens_per_s": round(rate, 1),
+        "train_flops_per_token": flops,
+        "matmul_ceiling_gflops": round(ceiling / 1e9, 2),
+        "mfu": round(rate * flops / (ceiling * world), 4) if ceiling else None,
+        "threads": torch.get_num_threads(), "processes": world,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "elapsed_s": rows[-1].get("elapsed_s") if rows and "elapsed_s" in rows[-1] else
+        max((r.get("elapsed_s", 0) for r in rows), default=0),
+        **{k: round(v, 6) for k, v in metrics.items()},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"summary: {summary['tokens_per_s']:,.0f} tokens/s, MFU {summary['mfu']} of "
+          f"{summary['matmul_ceiling_gflops']} GFLOP/s, load {summary['load_average']} -> {out / 'summary.json'}",
+          file=sys.stderr)
