@@ -19,7 +19,7 @@ from attnlab.models import Encoder
 from attnlab.objectives import ObjectiveConfig, build_objective
 from attnlab.objectives.mlm import IGNORE, unigram_baseline
 from attnlab.tokenizers import load_tokenizer, train_tokenizer
-from attnlab.training.checkpoint import save_model
+from attnlab.interop.native import save_model
 from attnlab.training.pretrain import load_config, pretrain
 
 from _pretrain_utils import one_thread, sample_text

@@ -270,7 +270,7 @@ def init_from(directory: str, objective, tokenizer, model_section: dict, seq_len
 
     The checkpoint's vocabulary must be the corpus tokenizer's (same ids), else the embeddings would
     mean other words: continued pretraining keeps the vocabulary and changes the text."""
-    from .. import load
+    from ..interop import load
     from ..tokenizers import load_tokenizer
     where = f"model.init_from={directory}"
     others = sorted(k for k in model_section if k != "init_from")
