@@ -2,11 +2,16 @@
 
 example:
   attnlab evaluate conll2003 --model out/conll2003 --data ../shared/data/conll2003/valid.txt
+  attnlab evaluate lm --model smollm2 --data ../shared/data/wikitext-2/valid.txt --context 512
+
+`evaluate lm` scores any text with a decoder (perplexity, bits per byte, word perplexity); input it cannot
+score (empty, invalid UTF-8, under two tokens, --stride > --context, no LM head) exits with status 2.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 NAME = "evaluate"
 HELP = "score a fine-tuned model on a labelled file (prints JSON metrics)"
@@ -14,17 +19,24 @@ HELP = "score a fine-tuned model on a labelled file (prints JSON metrics)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..tasks import TASK_NAMES
-    p.add_argument("task", metavar="TASK", choices=(*TASK_NAMES, "translation"), help=", ".join((*TASK_NAMES, "translation")))
+    tasks = (*TASK_NAMES, "translation", "lm")
+    p.add_argument("task", metavar="TASK", choices=tasks, help=", ".join(tasks))
     p.add_argument("--model", required=True, help="a fine-tuned model directory")
     p.add_argument("--data", help="labelled file (GLUE tsv, CoNLL, SQuAD json)")
     p.add_argument("--source", help="translation: source sentences, one per line")
     p.add_argument("--reference", help="translation: reference translations, line-aligned with --source")
     p.add_argument("--num-beams", type=int, default=4, help="translation: beam size (default 4)")
     p.add_argument("--max-length", type=int, help="tokens per input (task default)")
-    p.add_argument("--batch-size", type=int, default=64, help="inputs per batch (default 64)")
+    p.add_argument("--batch-size", type=int, help="inputs per batch (default 64; lm: 4 windows)")
+    p.add_argument("--context", type=int, help="lm: tokens per window (default the model's maximum, at most 1024)")
+    p.add_argument("--stride", type=int, help="lm, hf convention: tokens between window starts (default context/2)")
+    p.add_argument("--convention", choices=("hf", "llama.cpp"), default="hf",
+                   help="lm: hf = transformers' sliding window (default); llama.cpp = llama-perplexity's chunks")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task == "lm":
+        return _run_lm(args)
     if args.task == "translation":  # sacreBLEU on detokenized output
         if not args.source or not args.reference:
             raise ValueError("evaluate translation: --source and --reference are required")
@@ -36,5 +48,21 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"evaluate {args.task}: --data is required")
     from ..tasks.finetune import evaluate
     print(json.dumps(evaluate(args.task, args.model, args.data, max_length=args.max_length,
-                              batch_size=args.batch_size)))
+                              batch_size=args.batch_size or 64)))
+    return 0
+
+
+def _run_lm(args: argparse.Namespace) -> int:
+    from ..tasks.lm import LMInputError, evaluate_lm
+    if not args.data:
+        raise ValueError("evaluate lm: --data is required (a UTF-8 text file)")
+    try:
+        result = evaluate_lm(args.model, args.data, context=args.context, stride=args.stride,
+                             batch_size=args.batch_size or 4, convention=args.convention, progress=True)
+    except LMInputError as err:  # input the evaluation cannot score: status 2, like argparse's usage errors
+        if args.debug:
+            raise
+        print(f"attnlab evaluate: error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
     return 0

@@ -1,0 +1,192 @@
+"""Language-model evaluation: how well does a decoder predict *this* text?
+
+Two conventions, because the numbers users compare against come from two tools:
+
+- ``hf`` — transformers' sliding-window recipe (docs: "Perplexity of fixed-length models"). The text is
+  tokenized as the model's tokenizer does by default; windows of at most ``context`` tokens start every
+  ``stride`` tokens; each window scores only the tokens the previous window did not reach, so every token
+  after the first is scored once, with up to ``context - 1`` tokens before it. A window's first token has
+  no prediction inside it, so with ``stride == context`` (non-overlapping windows) those go unscored, as
+  in the recipe.
+- ``llama.cpp`` — ``llama-perplexity`` (tools/perplexity/perplexity.cpp): ``len // n_ctx`` non-overlapping
+  chunks, the first token of each chunk replaced by BOS when the tokenizer adds one, and only the second
+  half of each chunk scored (targets ``n_ctx/2 + 1 .. n_ctx - 1``), so every scored token sees at least
+  half a context. It needs at least ``2 * n_ctx`` tokens, as llama-perplexity does.
+
+Perplexity is exp(total NLL / scored tokens). Bits per byte and word perplexity divide the same total NLL
+by the text's UTF-8 bytes and whitespace words instead, as lm-evaluation-harness does for wikitext.
+
+Windows of equal length are batched; logits are computed only at scored positions and in row chunks,
+because a (batch, 1024, 49152) fp32 logit tensor would be 200 MB per row.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+CONVENTIONS = ("hf", "llama.cpp")
+MAX_DEFAULT_CONTEXT = 1024  # the issue's cap on the default context (the model's maximum may be 8k+)
+_LOGIT_ROWS = 512  # positions projected onto the vocabulary at a time (bounds peak memory)
+
+
+class LMInputError(ValueError):
+    """Input the evaluation cannot score (empty text, bad UTF-8, too few tokens, bad window sizes, no LM
+    head). The CLI reports it on one line with exit status 2."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """``ids`` are fed to the model; ``ids[score_from:]`` are scored (each from the logits one before)."""
+    ids: tuple[int, ...]
+    score_from: int
+
+    @property
+    def scored(self) -> int:
+        return len(self.ids) - self.score_from
+
+
+def hf_windows(ids: list[int], context: int, stride: int) -> list[Window]:
+    """transformers' sliding window: begin every `stride` tokens, score tokens past the previous end."""
+    check_windows(context, stride)
+    windows, prev_end = [], 0
+    for begin in range(0, len(ids), stride):
+        end = min(begin + context, len(ids))
+        windows.append(Window(tuple(ids[begin:end]), max(prev_end - begin, 1)))
+        prev_end = end
+        if end == len(ids):
+            break
+    return windows
+
+
+def llama_cpp_windows(ids: list[int], n_ctx: int, bos_id: int | None) -> list[Window]:
+    """llama-perplexity's chunks: non-overlapping n_ctx tokens, BOS first when the model adds one, second
+    half scored."""
+    if n_ctx < 2:
+        raise LMInputError(f"--context {n_ctx}: llama.cpp convention needs a context of at least 2 tokens")
+    if len(ids) < 2 * n_ctx:
+        raise LMInputError(f"llama.cpp convention: the text has {len(ids)} tokens; a context of {n_ctx} needs "
+                           f"at least {2 * n_ctx} (as llama-perplexity requires)")
+    windows = []
+    for i in range(len(ids) // n_ctx):
+        chunk = list(ids[i * n_ctx:(i + 1) * n_ctx])
+        if bos_id is not None:
+            chunk[0] = bos_id
+        windows.append(Window(tuple(chunk), n_ctx // 2 + 1))
+    return windows
+
+
+def check_windows(context: int, stride: int) -> None:
+    if context < 2:
+        raise LMInputError(f"--context {context}: a window needs at least 2 tokens")
+    if stride < 1:
+        raise LMInputError(f"--stride {stride}: must be at least 1")
+    if stride > context:
+        raise LMInputError(f"--stride {stride} is larger than --context {context}: tokens between windows "
+                           f"would never be scored")
+
+
+@torch.no_grad()
+def window_nll(model, windows: list[Window], batch_size: int = 4, progress: bool = False) -> tuple[float, int]:
+    """Sum of next-token NLL (nats, accumulated in float64) over every window's scored tokens, and their
+    count. Windows of equal length run as one batch (no padding, so no mask can change a number)."""
+    from tqdm import tqdm
+    device = next(model.parameters()).device
+    by_length: dict[int, list[Window]] = {}
+    for w in windows:
+        by_length.setdefault(len(w.ids), []).append(w)
+    batches = [group[i:i + batch_size] for group in by_length.values() for i in range(0, len(group), batch_size)]
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    bar = tqdm(total=len(windows), desc="evaluate lm", unit="window", disable=not progress, leave=False)
+    for batch in batches:
+        ids = torch.tensor([w.ids for w in batch], device=device)
+        hidden = model.backbone(input_ids=ids).last_hidden_state
+        # position t predicts token t+1: the hidden states one before each scored token
+        rows = torch.cat([hidden[r, w.score_from - 1:-1] for r, w in enumerate(batch)])
+        targets = torch.cat([ids[r, w.score_from:] for r, w in enumerate(batch)])
+        for i in range(0, len(rows), _LOGIT_ROWS):
+            logits = model.lm_head(rows[i:i + _LOGIT_ROWS]).float()
+            total += F.cross_entropy(logits, targets[i:i + _LOGIT_ROWS], reduction="sum").double().item()
+        count += len(targets)
+        bar.update(len(batch))
+    bar.close()
+    model.train(was_training)
+    return total, count
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer puts BOS in front by default (LLaMA's does, GPT-2's and SmolLM2's do not)."""
+    bos = tokenizer.bos_token_id
+    with_special = tokenizer.encode("a")
+    return bos is not None and len(with_special) > len(tokenizer.encode("a", add_special_tokens=False)) \
+        and with_special[0] == bos
+
+
+def read_text(path: str | Path) -> str:
+    """The file as text; an empty file or invalid UTF-8 is an LMInputError naming the file (and byte)."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise LMInputError(f"{path}: invalid UTF-8 at byte {err.start} ({raw[err.start:err.start + 1]!r})") from None
+    if not text.strip():
+        raise LMInputError(f"{path}: the file is empty; there is no text to score")
+    return text
+
+
+def default_context(model) -> int:
+    return min(model.config.max_position_embeddings, MAX_DEFAULT_CONTEXT)
+
+
+def perplexity(model, tokenizer, text: str, *, context: int | None = None, stride: int | None = None,
+               batch_size: int = 4, convention: str = "hf", progress: bool = False, source: str = "text") -> dict:
+    """Score `text` with a causal LM; returns the metrics `attnlab evaluate lm` prints."""
+    if convention not in CONVENTIONS:
+        raise LMInputError(f"--convention {convention!r}: choose one of {', '.join(CONVENTIONS)}")
+    if not (hasattr(model, "lm_head") and getattr(model.config, "causal", False)):
+        raise LMInputError(f"{source}: a {type(model).__name__} ({model.config.model_type}) has no causal "
+                           f"language-model head to score text with")
+    if batch_size < 1:
+        raise LMInputError(f"--batch-size {batch_size}: must be at least 1")
+    context = context or default_context(model)
+    if context > model.config.max_position_embeddings:
+        raise LMInputError(f"--context {context} is longer than the model's maximum "
+                           f"({model.config.max_position_embeddings} positions)")
+    stride = stride or max(context // 2, 1)
+    ids = tokenizer.encode(text)
+    if len(ids) < 2:
+        raise LMInputError(f"{source}: the text is {len(ids)} token(s); scoring needs at least 2")
+    if convention == "hf":
+        windows = hf_windows(ids, context, stride)
+    else:
+        windows = llama_cpp_windows(ids, context, tokenizer.bos_token_id if adds_bos(tokenizer) else None)
+    start = time.perf_counter()
+    nll, scored = window_nll(model, windows, batch_size=batch_size, progress=progress)
+    seconds = time.perf_counter() - start
+    n_bytes, n_words = len(text.encode("utf-8")), len(text.split())
+    return {
+        "convention": convention, "context": context, "stride": stride if convention == "hf" else context,
+        "tokens": len(ids), "scored_tokens": scored, "windows": len(windows),
+        "mean_nll": nll / scored, "perplexity": math.exp(nll / scored),
+        # bits per byte and word perplexity spread the same NLL over bytes / words (lm-evaluation-harness)
+        "bits_per_byte": nll / (n_bytes * math.log(2)), "word_perplexity": math.exp(nll / n_words),
+        "bytes": n_bytes, "words": n_words,
+        # tokens fed through the model per second (overlapping windows feed a token more than once)
+        "tokens_per_s": sum(len(w.ids) for w in windows) / seconds, "seconds": seconds,
+    }
+
+
+def evaluate_lm(model_path: str | Path, data_path: str | Path, **kwargs) -> dict:
+    """`attnlab evaluate lm`: load the model and its tokenizer (any format attnlab loads), score the file."""
+    from ..interop.api import load, load_tokenizer
+    text = read_text(data_path)
+    model = load(model_path)
+    tokenizer = load_tokenizer(model_path)
+    return {"model": str(model_path), "data": str(data_path),
+            **perplexity(model, tokenizer, text, source=str(model_path), **kwargs)}
