@@ -149,6 +149,7 @@ def test_a_small_training_file_gives_at_most_10_percent_to_validation_and_says_s
     assert summary["valid_examples"] == 20 and summary["train_examples"] == 180
     assert f"finetune sst2: train 180 examples, validate 20 (10% held out of {train}" in printed.err
     assert summary["batch_size"] == 16 and summary["epochs"] == 1   # small data: batches of 16; --epochs kept
+    assert summary["lr"] == 1e-4 and "finetune sst2: 12 steps = 1 epochs of 12 batches of 16, lr 0.0001" in printed.err
 
 
 def test_the_issue_sized_file_keeps_90_percent_for_training():
@@ -163,9 +164,9 @@ def test_the_issue_sized_file_keeps_90_percent_for_training():
 def test_the_default_schedule_gives_small_data_more_steps():
     from attnlab.tasks.finetune import MIN_STEPS, default_schedule
 
-    def steps(n, epochs=1, batch=32, **given):
-        e, b = default_schedule(n, epochs, batch, **given)
-        return math.ceil(n / b) * e, e, b
+    def steps(n, epochs=1, batch=32, lr=5e-5, **given):
+        e, b, l = default_schedule(n, epochs, batch, lr, **given)
+        return math.ceil(n / b) * e, e, b, l
 
     small, mid, full = steps(225), steps(900), steps(66000)
     assert small[0] >= MIN_STEPS and mid[0] >= MIN_STEPS      # was 8 and 29 steps at batch 32, one epoch
@@ -174,3 +175,5 @@ def test_the_default_schedule_gives_small_data_more_steps():
     assert steps(20)[1] == 30                                  # epochs are capped for tiny files
     assert steps(225, epochs=2, epochs_given=True)[1] == 2     # what the user set is kept
     assert steps(225, batch=64, batch_given=True)[2] == 64
+    assert small[3] == mid[3] == 1e-4 and full[3] == 5e-5     # a higher peak rate for small data ...
+    assert steps(225, lr=3e-5, lr_given=True)[3] == 3e-5       # ... unless the user chose one
