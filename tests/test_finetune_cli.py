@@ -175,5 +175,5 @@ def test_the_default_schedule_gives_small_data_more_steps():
     assert steps(20)[1] == 30                                  # epochs are capped for tiny files
     assert steps(225, epochs=2, epochs_given=True)[1] == 2     # what the user set is kept
     assert steps(225, batch=64, batch_given=True)[2] == 64
-    assert small[3] == mid[3] == 1e-4 and full[3] == 5e-5     # a higher peak rate for small data ...
+    assert small[3] == 1e-4 and mid[3] == full[3] == 5e-5     # a higher peak rate for tiny data ...
     assert steps(225, lr=3e-5, lr_given=True)[3] == 3e-5       # ... unless the user chose one
