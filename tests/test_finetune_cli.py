@@ -4,6 +4,7 @@ and `evaluate` / `predict` on it; bad input exits with one clear line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,47 @@ def test_finetune_from_a_pretraining_checkpoint_in_attnlabs_own_layout(data_dir,
     capsys.readouterr()
     assert main(["evaluate", "sst2", "--model", str(out), "--data", str(train)]) == 0
     assert 0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 100
+
+
+def test_a_small_training_file_gives_at_most_10_percent_to_validation_and_says_so(tiny, tmp_path, capsys):
+    """Issue #21: SST-2's 872-sentence hold-out took 44% of a 2,000-line file, silently."""
+    lines = [f"review {i} of the film says it is {'great' if i % 2 else 'dull'}\t{i % 2}" for i in range(200)]
+    train = tmp_path / "mine.tsv"
+    train.write_text("sentence\tlabel\n" + "\n".join(lines) + "\n")
+    out = tmp_path / "o"
+    rc = main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--train", str(train),
+               "--epochs", "1", "--no-progress"])
+    printed = capsys.readouterr()
+    assert rc == 0
+    summary = json.loads(printed.out)
+    assert summary["valid_examples"] == 20 and summary["train_examples"] == 180
+    assert f"finetune sst2: train 180 examples, validate 20 (10% held out of {train}" in printed.err
+    assert summary["batch_size"] == 16 and summary["epochs"] == 1   # small data: batches of 16; --epochs kept
+    assert summary["lr"] == 1e-4 and "finetune sst2: 12 steps = 1 epochs of 12 batches of 16, lr 0.0001" in printed.err
+
+
+def test_the_issue_sized_file_keeps_90_percent_for_training():
+    from attnlab.tasks.finetune import holdout_size
+    assert holdout_size(2000, 872) == 200         # was 872: 44% of the user's data
+    assert holdout_size(8000, 872) == 800
+    assert holdout_size(8720, 872) == 872         # SST-2's own size once it is at most 10%
+    assert holdout_size(67349, 872) == 872
+    assert holdout_size(5, 872) == 1              # always something to validate on
+
+
+def test_the_default_schedule_gives_small_data_more_steps():
+    from attnlab.tasks.finetune import MIN_STEPS, default_schedule
+
+    def steps(n, epochs=1, batch=32, lr=5e-5, **given):
+        e, b, l = default_schedule(n, epochs, batch, lr, **given)
+        return math.ceil(n / b) * e, e, b, l
+
+    small, mid, full = steps(225), steps(900), steps(66000)
+    assert small[0] >= MIN_STEPS and mid[0] >= MIN_STEPS      # was 8 and 29 steps at batch 32, one epoch
+    assert small[1] > mid[1] > full[1] == 1                    # more epochs the fewer the examples
+    assert small[2] == mid[2] == 16 and full[2] == 32          # smaller batches for small data
+    assert steps(20)[1] == 30                                  # epochs are capped for tiny files
+    assert steps(225, epochs=2, epochs_given=True)[1] == 2     # what the user set is kept
+    assert steps(225, batch=64, batch_given=True)[2] == 64
+    assert small[3] == 1e-4 and mid[3] == full[3] == 5e-5     # a higher peak rate for tiny data ...
+    assert steps(225, lr=3e-5, lr_given=True)[3] == 3e-5       # ... unless the user chose one

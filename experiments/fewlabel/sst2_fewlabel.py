@@ -1,0 +1,96 @@
+"""SST-2 from few labels, the way a new user meets it: `attnlab finetune sst2 --model minilm --train FILE`
+with no other flag, scored on a clean held-out part of SST-2.
+
+The clean part is the 872 whole sentences attnlab's own SST-2 hold-out sets aside (`sentence_holdout`,
+seed 0); every phrase of them is removed from what training files may draw from. A training file of N
+labeled examples holds N whole sentences (lines that are no phrase of another line) drawn with `--draw-seed`
+from the rest: few-label users label sentences, not parse-tree fragments, and SetFit's SST-2 is sentences.
+
+    OMP_NUM_THREADS=1 python experiments/fewlabel/sst2_fewlabel.py --n 250 --draw-seed 0 --out /tmp/fewlabel
+    ... --n 0          # the whole remaining train.tsv (phrases included): the full-file row
+    ... -- --lr 1e-4   # anything after -- is passed to finetune (for the lever table; the goal is none)
+
+Prints one JSON line: accuracy on the 872 clean sentences, wall time of finetune, load average, command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from attnlab.tasks import get_task
+from attnlab.tasks.base import data_root
+from attnlab.tasks.finetune import _phrases, sentence_holdout
+
+
+def _write(path: Path, examples: list[dict]) -> None:
+    path.write_text("sentence\tlabel\n" + "".join(f"{e['texts'][0]}\t{e['label']}\n" for e in examples))
+
+
+def sentences_of(examples: list[dict]) -> list[dict]:
+    """The lines that are no phrase of another line: SST-2's whole sentences."""
+    texts = [" ".join(e["texts"][0].split()) for e in examples]
+    known, inside, roots = set(texts), set(), []
+    for i in sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i)):
+        if texts[i] not in inside:
+            roots.append(i)
+            inside.update(p for p in _phrases(texts[i]) if p in known and p != texts[i])
+    return [examples[i] for i in sorted(roots)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, required=True, help="labeled training sentences (0: the whole rest of train.tsv)")
+    ap.add_argument("--draw-seed", type=int, default=0, help="which N sentences")
+    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--out", default="/tmp/fewlabel")
+    ap.add_argument("extra", nargs="*", help="extra finetune flags, after --")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = get_task("sst2")
+    held_file, rest_file = out / "sst2-clean-heldout-872.tsv", out / "sst2-rest.tsv"
+    if not held_file.exists() or not rest_file.exists():
+        rest, held = sentence_holdout(task.read(data_root() / task.train_file), 872, 0)
+        _write(held_file, held)
+        _write(rest_file, rest)
+    if a.n:
+        pool = sentences_of(task.read(rest_file))
+        train = random.Random(a.draw_seed).sample(pool, a.n)
+        train_file = out / f"sst2-train-{a.n}-draw{a.draw_seed}.tsv"
+        _write(train_file, train)
+    else:
+        train_file = rest_file
+    run_dir = out / f"run-{a.n}-draw{a.draw_seed}-{'_'.join(x.strip('-') for x in a.extra) or 'defaults'}"
+    py = [sys.executable, "-m", "attnlab"]
+    cmd = ["finetune", "sst2", "--model", a.model, "--train", str(train_file), "--output", str(run_dir),
+           "--no-progress", *a.extra]
+    load_before = os.getloadavg()
+    t0 = time.time()
+    done = subprocess.run(py + cmd, capture_output=True, text=True)
+    wall = time.time() - t0
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    split = [line for line in done.stderr.splitlines() if line.startswith("finetune sst2:")]
+    ev = subprocess.run(py + ["evaluate", "sst2", "--model", str(run_dir), "--data", str(held_file)],
+                        capture_output=True, text=True, check=True)
+    acc = json.loads(ev.stdout.strip().splitlines()[-1])["accuracy"]
+    print(json.dumps({"n": a.n, "draw_seed": a.draw_seed, "clean_heldout_accuracy": acc,
+                      "finetune_wall_s": round(wall, 1), "load_before": [round(x, 2) for x in load_before],
+                      "load_after": [round(x, 2) for x in os.getloadavg()], "steps": summary["steps"],
+                      "s_per_step": round(wall / max(1, summary["steps"]), 3),
+                      "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
+                      "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
+                      "split": split, "command": "attnlab " + " ".join(cmd)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
