@@ -61,6 +61,9 @@ def chat_with_smollm2() -> None:
     section("4. a real pretrained decoder: SmolLM2-135M-Instruct from its GGUF file, KV-cached greedy decoding")
     print("attnlab generate smollm2 --chat --prompt 'What is the capital of France?'\n")
     cli(["generate", "smollm2", "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "24"])
+    print("\nhow well it predicts a text (~450 tokens; perplexity, bits per byte, word perplexity as JSON):")
+    print(f"attnlab evaluate lm --model smollm2 --data {HERE / 'data' / 'sentences.txt'} --context 256\n")
+    cli(["evaluate", "lm", "--model", "smollm2", "--data", str(HERE / "data" / "sentences.txt"), "--context", "256"])
 
 
 def pretrain_char_gpt() -> None:

@@ -188,3 +188,33 @@ def test_read_text_names_the_file(tmp_path):
     bad.write_bytes(b"\n\n  \n")
     with pytest.raises(LMInputError, match="bad.txt: the file is empty"):
         read_text(bad)
+
+
+def test_masked_lm_pseudo_perplexity_equals_transformers(minilm, tmp_path, capsys):
+    """A random BERT MLM with MiniLM's WordPiece tokenizer: each token masked in turn, as a direct loop."""
+    import shutil
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64)
+    hf = transformers.BertForMaskedLM(cfg).eval()
+    hf.save_pretrained(tmp_path / "mlm")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / name, tmp_path / "mlm" / name)
+    text = "the quick brown fox jumps over the lazy dog " * 6  # 54 tokens: two chunks at context 32
+    data = tmp_path / "text.txt"
+    data.write_text(text, encoding="utf-8")
+    assert main(["evaluate", "lm", "--model", str(tmp_path / "mlm"), "--data", str(data), "--context", "32",
+                 "--batch-size", "7"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "mlm")
+    ids = tok(text, add_special_tokens=False).input_ids
+    total = 0.0
+    for start in range(0, len(ids), 30):
+        chunk = [tok.cls_token_id, *ids[start:start + 30], tok.sep_token_id]
+        for p in range(1, len(chunk) - 1):
+            masked = torch.tensor([chunk])
+            masked[0, p] = tok.mask_token_id
+            with torch.no_grad():
+                total -= torch.log_softmax(hf(masked).logits[0, p].double(), -1)[chunk[p]].item()
+    assert got["tokens"] == got["scored_tokens"] == len(ids) == 54
+    assert abs(got["mean_nll"] - total / 54) <= 1e-5 * total / 54

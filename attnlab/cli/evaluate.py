@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", help="translation: reference translations, line-aligned with --source")
     p.add_argument("--num-beams", type=int, default=4, help="translation: beam size (default 4)")
     p.add_argument("--max-length", type=int, help="tokens per input (task default)")
-    p.add_argument("--batch-size", type=int, help="inputs per batch (default 64; lm: 4 windows)")
+    p.add_argument("--batch-size", type=int, help="inputs per batch (default 64; lm: 4 windows, or 32 masked copies for a masked LM)")
     p.add_argument("--context", type=int, help="lm: tokens per window (default the model's maximum, at most 1024)")
     p.add_argument("--stride", type=int, help="lm, hf convention: tokens between window starts (default context/2)")
     p.add_argument("--convention", choices=("hf", "llama.cpp"), default="hf",
@@ -58,7 +58,7 @@ def _run_lm(args: argparse.Namespace) -> int:
         raise ValueError("evaluate lm: --data is required (a UTF-8 text file)")
     try:
         result = evaluate_lm(args.model, args.data, context=args.context, stride=args.stride,
-                             batch_size=args.batch_size or 4, convention=args.convention, progress=True)
+                             batch_size=args.batch_size, convention=args.convention, progress=True)
     except LMInputError as err:  # input the evaluation cannot score: status 2, like argparse's usage errors
         if args.debug:
             raise

@@ -16,6 +16,10 @@ Two conventions, because the numbers users compare against come from two tools:
 Perplexity is exp(total NLL / scored tokens). Bits per byte and word perplexity divide the same total NLL
 by the text's UTF-8 bytes and whitespace words instead, as lm-evaluation-harness does for wikitext.
 
+Masked-LM encoders get pseudo-perplexity instead (Salazar et al. 2020, "Masked Language Model Scoring"):
+each token masked in turn, in chunks of ``context - 2`` tokens between [CLS] and [SEP], the masked copies
+of a chunk batched; exp(sum of -log p(token | rest) / tokens). It is not comparable with a decoder's.
+
 Windows of equal length are batched; logits are computed only at scored positions and in row chunks,
 because a (batch, 1024, 49152) fp32 logit tensor would be 200 MB per row.
 """
@@ -120,6 +124,32 @@ def window_nll(model, windows: list[Window], batch_size: int = 4, progress: bool
     return total, count
 
 
+@torch.no_grad()
+def pseudo_nll(model, ids: list[int], *, cls_id: int, sep_id: int, mask_id: int, context: int,
+               batch_size: int = 32, progress: bool = False) -> tuple[float, int]:
+    """Sum of -log p(token | every other token of its chunk) with the token masked, and the count."""
+    from tqdm import tqdm
+    device = next(model.parameters()).device
+    body = context - 2
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    bar = tqdm(total=len(ids), desc="evaluate lm (pseudo)", unit="token", disable=not progress, leave=False)
+    for start in range(0, len(ids), body):
+        chunk = torch.tensor([cls_id, *ids[start:start + body], sep_id], device=device)
+        for first in range(1, len(chunk) - 1, batch_size):
+            pos = torch.arange(first, min(first + batch_size, len(chunk) - 1), device=device)
+            rows = torch.arange(len(pos), device=device)
+            batch = chunk.repeat(len(pos), 1)
+            batch[rows, pos] = mask_id  # row r masks position pos[r] only
+            logits = model(input_ids=batch).logits[rows, pos].float()
+            total += F.cross_entropy(logits, chunk[pos], reduction="sum").double().item()
+            bar.update(len(pos))
+    bar.close()
+    model.train(was_training)
+    return total, len(ids)
+
+
 def adds_bos(tokenizer) -> bool:
     """Whether the tokenizer puts BOS in front by default (LLaMA's does, GPT-2's and SmolLM2's do not)."""
     bos = tokenizer.bos_token_id
@@ -140,24 +170,27 @@ def read_text(path: str | Path) -> str:
     return text
 
 
-def default_context(model) -> int:
-    return min(model.config.max_position_embeddings, MAX_DEFAULT_CONTEXT)
-
-
 def perplexity(model, tokenizer, text: str, *, context: int | None = None, stride: int | None = None,
-               batch_size: int = 4, convention: str = "hf", progress: bool = False, source: str = "text") -> dict:
-    """Score `text` with a causal LM; returns the metrics `attnlab evaluate lm` prints."""
+               batch_size: int | None = None, convention: str = "hf", progress: bool = False,
+               source: str = "text") -> dict:
+    """Score `text` with a causal LM (or a masked LM: pseudo-perplexity); returns the metrics `attnlab
+    evaluate lm` prints. `batch_size` counts windows for a decoder (default 4), masked copies for a masked
+    LM (default 32: each copy is one short row)."""
     if convention not in CONVENTIONS:
         raise LMInputError(f"--convention {convention!r}: choose one of {', '.join(CONVENTIONS)}")
-    if not (hasattr(model, "lm_head") and getattr(model.config, "causal", False)):
+    masked = type(model).__name__ == "MaskedLM"
+    if not masked and not (hasattr(model, "lm_head") and getattr(model.config, "causal", False)):
         raise LMInputError(f"{source}: a {type(model).__name__} ({model.config.model_type}) has no causal "
                            f"language-model head to score text with")
+    batch_size = batch_size or (32 if masked else 4)
     if batch_size < 1:
         raise LMInputError(f"--batch-size {batch_size}: must be at least 1")
-    context = context or default_context(model)
-    if context > model.config.max_position_embeddings:
-        raise LMInputError(f"--context {context} is longer than the model's maximum "
-                           f"({model.config.max_position_embeddings} positions)")
+    limit = model.config.max_position_embeddings - model.config.extra.get("position_offset", 0)
+    context = context or min(limit, MAX_DEFAULT_CONTEXT)
+    if context > limit:
+        raise LMInputError(f"--context {context} is longer than the model's maximum ({limit} positions)")
+    if masked:
+        return _pseudo_perplexity(model, tokenizer, text, context, batch_size, progress, source)
     stride = stride or max(context // 2, 1)
     ids = tokenizer.encode(text)
     if len(ids) < 2:
@@ -180,6 +213,28 @@ def perplexity(model, tokenizer, text: str, *, context: int | None = None, strid
         # tokens fed through the model per second (overlapping windows feed a token more than once)
         "tokens_per_s": sum(len(w.ids) for w in windows) / seconds, "seconds": seconds,
     }
+
+
+def _pseudo_perplexity(model, tokenizer, text: str, context: int, batch_size: int, progress: bool,
+                       source: str) -> dict:
+    specials = {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id, "mask": tokenizer.mask_token_id}
+    missing = [name for name, i in specials.items() if i is None]
+    if missing:
+        raise LMInputError(f"{source}: pseudo-perplexity needs the tokenizer's {', '.join(missing)} token(s)")
+    if context < 3:
+        raise LMInputError(f"--context {context}: a masked-LM chunk needs [CLS], a token and [SEP]")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) < 2:
+        raise LMInputError(f"{source}: the text is {len(ids)} token(s); scoring needs at least 2")
+    start = time.perf_counter()
+    nll, scored = pseudo_nll(model, ids, cls_id=specials["cls"], sep_id=specials["sep"], mask_id=specials["mask"],
+                             context=context, batch_size=batch_size, progress=progress)
+    seconds = time.perf_counter() - start
+    n_bytes, n_words = len(text.encode("utf-8")), len(text.split())
+    return {"convention": "pseudo-perplexity (masked LM)", "context": context, "tokens": len(ids),
+            "scored_tokens": scored, "mean_nll": nll / scored, "perplexity": math.exp(nll / scored),
+            "bits_per_byte": nll / (n_bytes * math.log(2)), "word_perplexity": math.exp(nll / n_words),
+            "bytes": n_bytes, "words": n_words, "tokens_per_s": scored / seconds, "seconds": seconds}
 
 
 def evaluate_lm(model_path: str | Path, data_path: str | Path, **kwargs) -> dict:
