@@ -132,3 +132,22 @@ def test_regression_head_uses_mse(tmp_path):
         out = ours(**_inputs(), labels=y)
         assert out.logits.shape == (3, 1)
         torch.testing.assert_close(out.loss, hf(**_inputs(), labels=y).loss, atol=1e-5, rtol=0)
+
+
+def test_a_checkpoint_without_pooler_fine_tunes_with_a_fresh_one(tmp_path):
+    """What MLM-only pretraining writes (BertForMaskedLM: no pooler) loads under a sequence classifier:
+    the encoder weights exactly, the pooler and classifier new, named in a warning (transformers' behaviour)."""
+    import attnlab
+    from attnlab.heads import MaskedLM
+    mlm = MaskedLM(attnlab.ModelConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
+                                       intermediate_size=32, max_position_embeddings=16, pooler=False))
+    mlm.save(tmp_path / "mlm")
+    with pytest.warns(UserWarning, match=r"newly initialised.*backbone\.pooler\.dense\.weight"):
+        clf = attnlab.load(tmp_path / "mlm", architecture="BertForSequenceClassification", extra={"num_labels": 2})
+    assert torch.equal(clf.backbone.layers[0].attn.q.weight, mlm.backbone.layers[0].attn.q.weight)
+    with pytest.raises(Exception, match="missing 1 tensors"):  # any other absent backbone tensor still fails
+        from safetensors.torch import load_file, save_file
+        sd = load_file(str(tmp_path / "mlm" / "model.safetensors"))
+        del sd["bert.encoder.layer.0.attention.self.key.weight"]
+        save_file(sd, str(tmp_path / "mlm" / "model.safetensors"))
+        attnlab.load(tmp_path / "mlm", architecture="BertForSequenceClassification")

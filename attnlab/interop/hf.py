@@ -125,7 +125,10 @@ def load_hf_state_dict(model: Model, sd: dict[str, torch.Tensor], family: Family
                               (f" (+{len(mismatched) - 5} more)" if len(mismatched) > 5 else ""))
     unexpected = unmatched + [k for k in ours if k not in expected]
     missing = [k for k in expected if k not in ours and k not in tied]
-    backbone_missing = [k for k in missing if not prefix or k.startswith("backbone.")]
+    # the pooler is a task layer in HF's BERT (BertForMaskedLM has none): a checkpoint without one gets a
+    # fresh pooler with a warning, as transformers does, e.g. fine-tuning what MLM-only pretraining wrote
+    backbone_missing = [k for k in missing if (not prefix or k.startswith("backbone."))
+                        and not f".{k}".startswith((".pooler.", ".backbone.pooler."))]
     if backbone_missing:
         hf_names = table.to_hf({k: expected[k] for k in backbone_missing})
         raise CheckpointError(f"{source}: missing {len(hf_names)} tensors: " + ", ".join(list(hf_names)[:6]) +
