@@ -271,11 +271,12 @@ def test_task_distillation_and_from_scratch_baseline(data_dir, tmp_path, capsys)
 
 def test_finetune_refuses_a_training_file_too_small_to_hold_out_from(data_dir, tmp_path, capsys):
     from attnlab.cli import main
-    train = _sst2_head(data_dir, 50, tmp_path / "train.tsv")
+    # since the 10% validation cap (issue #21) only a one-example file is too small to hold anything out
+    train = _sst2_head(data_dir, 1, tmp_path / "train.tsv")
     assert main(["finetune", "sst2", "--model", "minilm", "--output", str(tmp_path / "o"), "--train", str(train),
                  "--no-progress"]) == 1
     err = capsys.readouterr().err
-    assert "50 examples, too few to hold 872 out" in err and str(train) in err
+    assert "1 examples, too few to hold 1 out" in err and str(train) in err
 
 
 def test_finetune_an_electra_discriminator_on_sst2(data_dir, tmp_path, capsys):
