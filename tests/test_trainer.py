@@ -204,7 +204,8 @@ def test_config_errors_name_the_key(tmp_path):
         TrainArgs(precision="fp8").validate()
 
 
-@pytest.mark.parametrize("name", ["pretrain-bert-mini", "pretrain-gpt-mini", "pretrain-gpt-shakespeare-char"])
+@pytest.mark.parametrize("name", ["pretrain-bert-mini", "pretrain-bert-cpu", "pretrain-gpt-mini",
+                                  "pretrain-gpt-shakespeare-char"])
 def test_shipped_configs_build(name, data_dir):
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     tok = load_tokenizer(data_dir / "vocab" / ("gpt2" if "gpt-mini" in name else "bert-base-uncased")) \
@@ -215,6 +216,9 @@ def test_shipped_configs_build(name, data_dir):
     assert model_cfg.causal == (obj.kind == "clm") and model_cfg.vocab_size == tok.vocab_size
     if name == "pretrain-bert-mini":
         assert (model_cfg.num_layers, model_cfg.hidden_size, obj.kind) == (4, 256, "mlm+nsp")
+    if name == "pretrain-bert-cpu":  # the transfer recipe of issue #21: MLM only, 20% masking, 64 tokens, 1 hour
+        assert (model_cfg.num_layers, model_cfg.hidden_size, obj.kind, cfg.objective.mask_prob, cfg.data.seq_len,
+                cfg.train.max_minutes) == (4, 256, "mlm", 0.2, 64, 60)
     if name == "pretrain-gpt-shakespeare-char":
         assert (model_cfg.num_layers, model_cfg.num_heads, model_cfg.hidden_size, cfg.data.seq_len,
                 cfg.data.batch_size, cfg.train.max_steps, model_cfg.dropout) == (4, 4, 128, 64, 12, 2000, 0.0)
