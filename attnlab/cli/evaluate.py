@@ -14,7 +14,7 @@ import json
 import sys
 
 NAME = "evaluate"
-HELP = "score a fine-tuned model on a labelled file (prints JSON metrics)"
+HELP = "score a fine-tuned model on a labelled file, or a language model's perplexity on any text (lm); prints JSON"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
