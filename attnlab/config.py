@@ -87,7 +87,10 @@ class ModelConfig:
     bias: bool = True                   # biases in linear layers (and LayerNorm)
     causal: bool = False
     sliding_window: int | None = None   # local attention: each query sees keys within this distance
-    attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 uses 1.0)
+    attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 and GPT-Neo use 1.0)
+    qkv_bias: bool | None = None        # biases on the Q/K/V projections; None = `bias` (GPT-Neo: none, output has one)
+    rotary_fraction: float = 1.0        # share of each head's dimensions RoPE rotates (GPT-NeoX/Pythia: 0.25)
+    parallel_residual: bool = False     # x + attn(LN1 x) + ffn(LN2 x) in one step (GPT-J, GPT-NeoX; Wang & Komatsuzaki 2021)
     embedding_norm: bool = True         # LayerNorm after the embeddings (BERT); GPT-2 has none
     scale_embeddings: bool = False      # token embeddings times sqrt(hidden_size) (Vaswani et al. 2017, §3.4)
     final_norm: bool | None = None      # None = True for pre-LN stacks, False for post-LN
@@ -131,6 +134,11 @@ class ModelConfig:
     @property
     def has_final_norm(self) -> bool:
         return self.final_norm if self.final_norm is not None else self.norm_placement == "pre"
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions per head that RoPE rotates (the first ones); the rest pass through (GPT-NeoX)."""
+        return int(self.dim_head * self.rotary_fraction)
 
     @property
     def is_glu(self) -> bool:
@@ -186,6 +194,13 @@ class ModelConfig:
                                         "projection is tied to the embeddings (or set tie_word_embeddings: false)")
         if self.position == "rope" and self.dim_head % 2:
             raise bad("head_dim", "must be even for RoPE (dimensions rotate in pairs)")
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise bad("rotary_fraction", "must lie in (0, 1]")
+        if self.position == "rope" and (self.rotary_dim % 2 or not self.rotary_dim):
+            raise bad("rotary_fraction", f"gives {self.rotary_dim} rotated dimensions of head_dim={self.dim_head}; "
+                                         "must be even (dimensions rotate in pairs)")
+        if self.parallel_residual and self.norm_placement != "pre":
+            raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
@@ -280,6 +295,24 @@ PRESETS: dict[str, dict[str, Any]] = {
                           embedding_norm=False, pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.1,
                           pad_token_id=0, eos_token_id=1, tie_word_embeddings=False,
                           extra={"num_decoder_layers": 8, "decoder_start_token_id": 0, "scale_decoder_outputs": False}),
+    # More decoders (issue 27), each the GPT-2 stack with a few switches. GPT-1 (Radford et al. 2018): post-LN,
+    # no final LayerNorm, 512 positions, 40,478 BPE tokens.
+    "gpt1": dict(model_type="openai-gpt", vocab_size=40478, causal=True, norm_placement="post", activation="gelu_tanh",
+                 embedding_norm=False, final_norm=False, pooler=False, type_vocab_size=0, norm_eps=1e-5,
+                 pad_token_id=None),
+    # GPT-Neo 125M (Black et al. 2021): global and 256-token local attention alternate, scores not scaled by
+    # 1/sqrt(d_k), Q/K/V without bias.
+    "gpt-neo-125m": dict(model_type="gpt_neo", vocab_size=50257, max_position_embeddings=2048, causal=True,
+                         norm_placement="pre", activation="gelu_tanh", embedding_norm=False, pooler=False,
+                         type_vocab_size=0, norm_eps=1e-5, dropout=0.0, attention_dropout=0.0, pad_token_id=None,
+                         attention_scale=1.0, qkv_bias=False, sliding_window=256, bos_token_id=50256,
+                         eos_token_id=50256, extra={"global_every": 2}),
+    # Pythia-160M (Biderman et al. 2023), a GPT-NeoX: RoPE on a quarter of each head, parallel attention + FFN
+    # residual, untied output projection.
+    "pythia-160m": dict(model_type="gpt_neox", vocab_size=50304, max_position_embeddings=2048, causal=True,
+                        position="rope", norm_placement="pre", embedding_norm=False, pooler=False, type_vocab_size=0,
+                        norm_eps=1e-5, dropout=0.0, attention_dropout=0.0, pad_token_id=None, rotary_fraction=0.25,
+                        parallel_residual=True, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
 }
 
 

@@ -282,7 +282,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None):
     if missing:
         raise CheckpointError(f"{source}: missing tensors for " + ", ".join(missing[:6]))
     model.load_state_dict(tensors, strict=False, assign=True)
-    model.backbone.rope = type(model.backbone.rope)(cfg.dim_head, cfg.rope_theta)  # rebuild buffer off meta
+    model.backbone.rope = type(model.backbone.rope)(cfg.rotary_dim, cfg.rope_theta)  # rebuild buffer off meta
     model.tie_weights()
     if dtype is not None:
         model = model.to(dtype)

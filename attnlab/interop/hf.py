@@ -163,11 +163,13 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                causal=cfg.causal, sliding_window=cfg.sliding_window, attention_scale=cfg.attention_scale,
                embedding_norm=cfg.embedding_norm, final_norm=cfg.has_final_norm,
                tie_word_embeddings=cfg.tie_word_embeddings, norm_eps=cfg.norm_eps,
-               share_layers=getattr(cfg, "share_layers", False))
+               share_layers=getattr(cfg, "share_layers", False), qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
+               parallel_residual=cfg.parallel_residual, global_every=cfg.extra.get("global_every"))
     if cfg.position in ("learned", "sinusoidal"):
         sig["max_position_embeddings"] = cfg.max_position_embeddings
     if cfg.position == "rope":
         sig["rope_theta"] = cfg.rope_theta
+        sig["rotary_dim"] = cfg.rotary_dim
     return sig
 
 

@@ -3,7 +3,7 @@
 A table row is `(ours, theirs)` or `(ours, theirs, transform)`: module or parameter paths, with `{i}`
 standing for a layer number. `ours` may be a tuple of names that HF stores fused in one tensor (GPT-2's
 c_attn holds Q, K, V); such rows are concatenated / split along dim 0. `transform="T"` transposes
-(GPT-2's Conv1D stores weights as (in, out)).
+(GPT-2's Conv1D stores weights as (in, out)); a `HeadInterleave` regroups a fused tensor stored head by head.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class NameTable:
                         if len(ours_t) > 1:
                             fused.setdefault(name, [None] * len(ours_t))[j] = (value, transform)
                         else:
-                            out[name] = _apply(value, transform)
+                            out[name] = _apply(value, transform, to_hf=True)
                         break
                 else:
                     continue
@@ -54,7 +54,7 @@ class NameTable:
                 raise CheckpointError(f"no Hugging Face name for parameter {key!r} (interop table incomplete)")
         for name, parts in fused.items():
             transform = parts[0][1]
-            out[name] = _apply(torch.cat([p[0] for p in parts], dim=0), transform)
+            out[name] = _apply(torch.cat([p[0] for p in parts], dim=0), transform, to_hf=True)
         return out
 
     def from_hf(self, sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -78,19 +78,36 @@ class NameTable:
         return out, unmatched
 
 
-def _apply(value: torch.Tensor, transform: str | None) -> torch.Tensor:
+def _apply(value: torch.Tensor, transform, to_hf: bool = False) -> torch.Tensor:
     if transform == "T" and value.dim() == 2:
         return value.t()
+    if isinstance(transform, HeadInterleave):
+        return transform(value, to_hf)
     return value
+
+
+class HeadInterleave:
+    """A fused Q/K/V tensor stored head by head, [q0 k0 v0 | q1 k1 v1 | ...] (GPT-NeoX's query_key_value),
+    against ours, [Q | K | V] along dim 0: the rows regrouped, in either direction."""
+
+    def __init__(self, num_heads: int, parts: int = 3) -> None:
+        self.num_heads, self.parts = num_heads, parts
+
+    def __call__(self, value: torch.Tensor, to_hf: bool) -> torch.Tensor:
+        rest = value.shape[1:]
+        a, b = (self.parts, self.num_heads) if to_hf else (self.num_heads, self.parts)
+        return value.reshape(a, b, -1, *rest).transpose(0, 1).reshape(value.shape)
 
 
 def tables_for(model, family: Family, head_rows: list[Row]) -> tuple[NameTable, str]:
     """Our keys are `backbone.*` + head keys in wrappers, bare backbone keys in a backbone."""
     is_wrapper = hasattr(model, "backbone")
+    # a family whose layout depends on the config (GPT-NeoX's per-head fused QKV) gives a function of it
+    backbone_rows = family.backbone_rows(model.config) if callable(family.backbone_rows) else family.backbone_rows
     if not is_wrapper:
-        return NameTable(family.backbone_rows), ""
+        return NameTable(backbone_rows), ""
     rows = [(tuple("backbone." + o for o in r[0]) if isinstance(r[0], tuple) else "backbone." + r[0],
-             family.backbone_prefix + r[1], *r[2:]) for r in family.backbone_rows]
+             family.backbone_prefix + r[1], *r[2:]) for r in backbone_rows]
     return NameTable(rows + head_rows), family.backbone_prefix
 
 

@@ -24,7 +24,7 @@ class Family:
     model_type: str
     config_from_hf: Callable[[dict], ModelConfig]
     config_to_hf: Callable[[ModelConfig], dict]
-    backbone_rows: list[Row]
+    backbone_rows: list[Row] | Callable[[ModelConfig], list[Row]]  # a function of the config if the layout needs one
     backbone_prefix: str                         # where HF head models keep the backbone ("bert.")
     architectures: dict[str, tuple[type, list[Row]]] = field(default_factory=dict)  # name -> (class, head rows)
     default_architecture: str = ""

@@ -16,7 +16,8 @@ from .base import Model, ModelOutput
 from .encoder import Encoder
 
 # The Hugging Face class each family's LM maps onto (written into config.json "architectures").
-HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "openai-gpt": "OpenAIGPTLMHeadModel",
+                    "gpt_neo": "GPTNeoForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
 
 
 class CausalLM(Model):

@@ -37,11 +37,11 @@ class Encoder(Model):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.embeddings = Embeddings(config)
-        self.rope = RotaryEmbedding(config.dim_head, config.rope_theta) if config.position == "rope" else None
+        self.rope = RotaryEmbedding(config.rotary_dim, config.rope_theta) if config.position == "rope" else None
         # ModernBERT rotates local (sliding-window) layers with a smaller theta than global ones
         # (Warner et al. 2024, §2.1: 10k local, 160k global)
         local_theta = config.extra.get("local_rope_theta")
-        self.local_rope = RotaryEmbedding(config.dim_head, local_theta) \
+        self.local_rope = RotaryEmbedding(config.rotary_dim, local_theta) \
             if self.rope is not None and local_theta is not None else None
         # T5 shares one bias table across all layers (Raffel et al. 2020, §2.1)
         self.relative_bias = RelativePositionBias(

@@ -127,9 +127,10 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.kv_heads, config.dim_head
         d, bias = config.hidden_size, config.bias
-        self.q = nn.Linear(d, self.num_heads * self.head_dim, bias=bias)
-        self.k = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
+        qkv_bias = bias if config.qkv_bias is None else config.qkv_bias
+        self.q = nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
         self.scale = config.attention_scale
         self.dropout = config.attention_dropout

@@ -17,6 +17,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, cross_attention: bool = False) -> None:
         super().__init__()
         self.pre = config.norm_placement == "pre"
+        self.parallel = config.parallel_residual
         self.attn = Attention(config)
         self.attn_norm = make_norm(config)
         self.cross_attn = Attention(config, cross=True) if cross_attention else None
@@ -36,6 +37,10 @@ class Block(nn.Module):
                 memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
                 cross_bias: torch.Tensor | None = None, cache=None, cross_cache=None, layer_idx: int = 0,
                 need_weights: bool = False, varlen=None) -> tuple[torch.Tensor, tuple]:
+        if self.parallel:  # GPT-J / GPT-NeoX: both sublayers read the same input, x + attn(LN1 x) + ffn(LN2 x)
+            h, w_self = self.attn(self.attn_norm(x), mask, rope=rope, bias=bias, cache=cache, layer_idx=layer_idx,
+                                  need_weights=need_weights, varlen=varlen)
+            return x + self.dropout(h) + self.dropout(self.ffn(self.ffn_norm(x))), (w_self, None)
         x, w_self = self._residual(x, self.attn_norm, lambda h: self.attn(
             h, mask, rope=rope, bias=bias, cache=cache, layer_idx=layer_idx, need_weights=need_weights,
             varlen=varlen))

@@ -51,6 +51,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    r = cos.size(-1)
+    if r < x.size(-1):  # partial rotary (GPT-NeoX, Black et al. 2022, §2): only the first r dimensions turn
+        return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
     return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))
 
 

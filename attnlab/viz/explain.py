@@ -97,20 +97,23 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
     sliding-window layer (True) or a global one (False); None describes the config as a whole."""
     n, d, h, hk, dh, ff = seq_len, cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size
     b = 1 if cfg.bias else 0
+    bq = b if cfg.qkv_bias is None else int(cfg.qkv_bias)  # GPT-Neo: Q/K/V without bias, output with one
     steps: list[Step] = []
     if hk == h:
         steps.append(Step(f"project to Q, K, V: three ({n}×{d})@({d}×{h * dh}) matmuls",
-                          3 * _mm(n, d, h * dh), 3 * (d * h * dh + b * h * dh), 3 * n * h * dh))
+                          3 * _mm(n, d, h * dh), 3 * (d * h * dh + bq * h * dh), 3 * n * h * dh))
     else:
         kind = "MQA" if hk == 1 else "GQA"
         steps.append(Step(f"project to Q: ({n}×{d})@({d}×{h * dh}); K and V ({kind}, {hk} key/value heads): "
                           f"two ({n}×{d})@({d}×{hk * dh}) matmuls",
                           _mm(n, d, h * dh) + 2 * _mm(n, d, hk * dh),
-                          d * h * dh + 2 * d * hk * dh + b * (h + 2 * hk) * dh, n * (h + 2 * hk) * dh))
+                          d * h * dh + 2 * d * hk * dh + bq * (h + 2 * hk) * dh, n * (h + 2 * hk) * dh))
     steps.append(Step(f"split into {h} heads of ({n}×{dh})"
                       + (f"; each K/V head is shared by {h // hk} query heads" if hk != h else "")))
     if cfg.position == "rope":
-        steps.append(Step(f"rotate Q and K by position (RoPE, θ={cfg.rope_theta:g})", 3 * n * (h + hk) * dh,
+        rd = cfg.rotary_dim  # GPT-NeoX rotates only the first rotary_dim dimensions of each head
+        part = f", first {rd} of {dh} dimensions per head" if rd < dh else ""
+        steps.append(Step(f"rotate Q and K by position (RoPE, θ={cfg.rope_theta:g}{part})", 3 * n * (h + hk) * rd,
                           activations=n * (h + hk) * dh))
     scale = "" if cfg.attention_scale is None else f" (scale {cfg.attention_scale:g} instead of 1/√{dh})"
     bias = " + relative position bias" if cfg.position == "relative_bias" else ""
@@ -135,6 +138,9 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
     norm_params = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     if cfg.norm_placement == "post":
         steps.append(Step(f"add & norm: {norm}(x + attention(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
+    elif cfg.parallel_residual:
+        steps.append(Step(f"pre-norm, parallel: {norm}1(x) feeds attention, {norm}2(x) the FFN, both from x ({n}×{d})",
+                          8 * n * d, norm_params, n * d))
     else:
         steps.append(Step(f"pre-norm: x + attention({norm}(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     if cfg.is_glu:
@@ -148,6 +154,9 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
                           2 * _mm(n, d, ff), 2 * d * ff + b * (ff + d), 2 * n * ff + n * d))
     if cfg.norm_placement == "post":
         steps.append(Step(f"add & norm: {norm}(x + FFN(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
+    elif cfg.parallel_residual:
+        steps.append(Step(f"parallel residual: x + attention({norm}1(x)) + FFN({norm}2(x)) ({n}×{d})",
+                          8 * n * d, norm_params, n * d))
     else:
         steps.append(Step(f"pre-norm: x + FFN({norm}(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     if visible < n:  # a local layer only computes the band of the score matrix it keeps
@@ -205,6 +214,10 @@ def describe(model: nn.Module, seq_len: int = 128, title: str = "", walkthrough:
         value = getattr(cfg, key)
         if value is not None:
             lines.append(f"  {key:<24} {value}")
+    for key, default in (("attention_scale", None), ("qkv_bias", None), ("rotary_fraction", 1.0),
+                         ("parallel_residual", False)):  # shown only where a family sets them
+        if getattr(cfg, key) != default:
+            lines.append(f"  {key:<24} {getattr(cfg, key)}")
     lines.append("parameters per component:")
     rows = parameter_breakdown(model)
     for name, n in rows:
