@@ -92,6 +92,25 @@ def test_gpt_neox_partial_rotary_parallel_residual_parity_both_directions(tmp_pa
     check(hf, ours, tmp_path, "GPTNeoXForCausalLM")
 
 
+def test_ctrl_parity_both_directions(tmp_path):
+    hf, path = hf_model(tmp_path, "CTRLLMHeadModel", "CTRLConfig", vocab_size=VOCAB, n_positions=64, n_embd=32,
+                        dff=64, n_layer=2, n_head=4)
+    with torch.no_grad():  # a visible output bias, so that dropping it cannot pass
+        hf.lm_head.bias.normal_()
+    hf.save_pretrained(path)
+    ours = attnlab.load(path)
+    cfg = ours.config
+    assert (cfg.position, cfg.scale_embeddings, cfg.activation, cfg.norm_placement) == ("sinusoidal", True, "relu", "pre")
+    assert ours.lm_head.weight is ours.backbone.embeddings.tok.weight and ours.lm_head.bias is not None
+    check(hf, ours, tmp_path, "CTRLLMHeadModel")
+
+
+def test_sinusoid_halves_is_a_column_permutation():
+    from attnlab.nn import sinusoidal_table
+    a, b = sinusoidal_table(10, 8), sinusoidal_table(10, 8, halves=True)
+    assert torch.equal(b[:, :4], a[:, 0::2]) and torch.equal(b[:, 4:], a[:, 1::2])
+
+
 def test_partial_rotary_leaves_the_other_dimensions_alone():
     cfg = ModelConfig(causal=True, position="rope", norm_placement="pre", hidden_size=32, num_heads=2,
                       rotary_fraction=0.25, type_vocab_size=0, pooler=False)

@@ -17,7 +17,7 @@ from .encoder import Encoder
 
 # The Hugging Face class each family's LM maps onto (written into config.json "architectures").
 HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "openai-gpt": "OpenAIGPTLMHeadModel",
-                    "gpt_neo": "GPTNeoForCausalLM", "gpt_neox": "GPTNeoXForCausalLM"}
+                    "gpt_neo": "GPTNeoForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "ctrl": "CTRLLMHeadModel"}
 
 
 class CausalLM(Model):
@@ -28,7 +28,8 @@ class CausalLM(Model):
             raise ValueError(f"CausalLM needs causal=True (model_type={config.model_type!r} has causal=False)")
         super().__init__(config)
         self.backbone = Encoder(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # CTRL's output projection has a bias of its own (Keskar et al. 2019), even with tied weights
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=bool(config.extra.get("lm_head_bias")))
         self.init_weights()
 
     @property

@@ -18,7 +18,8 @@ class Embeddings(nn.Module):
         self.tok = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
         self.pos = nn.Embedding(config.max_position_embeddings, e) if config.position == "learned" else None
         if config.position == "sinusoidal":
-            self.register_buffer("sinusoid", sinusoidal_table(config.max_position_embeddings, e), persistent=False)
+            table = sinusoidal_table(config.max_position_embeddings, e, halves=config.extra.get("sinusoid_halves", False))
+            self.register_buffer("sinusoid", table, persistent=False)
         else:
             self.sinusoid = None
         self.seg = nn.Embedding(config.type_vocab_size, e) if config.type_vocab_size > 0 else None

@@ -11,10 +11,12 @@ import torch
 from torch import nn
 
 
-def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+def sinusoidal_table(num_positions: int, dim: int, halves: bool = False) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
 
     Even columns hold sines, odd columns cosines of the same frequency, exactly as the paper writes it.
+    `halves=True` keeps the same values but puts all sines first, then all cosines (CTRL's and
+    tensor2tensor's layout).
     """
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, dim, 2, dtype=torch.float64)
@@ -22,6 +24,8 @@ def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
     table = torch.zeros(num_positions, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    if halves:
+        table = torch.cat((table[:, 0::2], table[:, 1::2]), dim=1)
     return table.float()
 
 
