@@ -27,7 +27,8 @@ class ConfigError(ValueError):
 POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none")
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh")  # geglu_tanh: T5 v1.1 "gated-gelu"
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
+               "leaky_relu")  # max(x, 0.01 x) (Maas et al. 2013): a small gradient for negative inputs
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -313,6 +314,22 @@ PRESETS: dict[str, dict[str, Any]] = {
                         position="rope", norm_placement="pre", embedding_norm=False, pooler=False, type_vocab_size=0,
                         norm_eps=1e-5, dropout=0.0, attention_dropout=0.0, pad_token_id=None, rotary_fraction=0.25,
                         parallel_residual=True, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0),
+    # CTRL (Keskar et al. 2019, §3): 48 pre-LN layers, d=1280, 8192-wide ReLU FFN, 256 positions of fixed
+    # sinusoids (sines then cosines) added to embeddings scaled by sqrt(d); control codes are ordinary tokens.
+    "ctrl": dict(model_type="ctrl", vocab_size=246534, hidden_size=1280, num_layers=48, num_heads=16,
+                 intermediate_size=8192, max_position_embeddings=256, type_vocab_size=0, causal=True,
+                 position="sinusoidal", scale_embeddings=True, norm_placement="pre", activation="relu",
+                 embedding_norm=False, pooler=False, norm_eps=1e-6, attention_dropout=0.0, pad_token_id=None,
+                 extra={"sinusoid_halves": True, "lm_head_bias": True}),
+    # ByT5-small (Xue et al. 2022, Table 1 and §3.1): T5 v1.1 on UTF-8 bytes (vocabulary 384: 3 specials, 256
+    # bytes, 125 sentinels; `attnlab.load_tokenizer("byte")`), parameters moved from the tiny embedding into a
+    # wider FFN and a 3:1 deeper encoder than decoder (12 vs 4 layers).
+    "byt5-small": dict(model_type="t5", vocab_size=384, hidden_size=1472, num_layers=12, num_heads=6, head_dim=64,
+                       intermediate_size=3584, type_vocab_size=0, position="relative_bias", norm="rmsnorm",
+                       norm_placement="pre", activation="geglu_tanh", bias=False, attention_scale=1.0,
+                       embedding_norm=False, pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.1,
+                       pad_token_id=0, eos_token_id=1, tie_word_embeddings=False, max_position_embeddings=1024,
+                       extra={"num_decoder_layers": 4, "decoder_start_token_id": 0, "scale_decoder_outputs": False}),
 }
 
 

@@ -187,6 +187,38 @@ def build_byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]],
     return backend
 
 
+def byte_chars() -> list[str]:
+    """The printable character ByteLevel pre-tokenization shows for each byte 0..255 (GPT-2's table):
+    printable Latin-1 bytes stand for themselves, the other 68 are shifted to code points 256 upward."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(shifted)) for b in range(256)]
+
+
+def build_byte_tokenizer(extra_ids: int = 125, model_max_length: int = 1024) -> Tokenizer:
+    """ByT5's tokenizer (Xue et al. 2022, §3.1): one token per UTF-8 byte, id = byte + 3 after <pad>=0,
+    </s>=1, <unk>=2; `extra_ids` sentinels <extra_id_0>, ... from 259 on; "</s>" ends every sequence.
+    No vocabulary to learn and nothing out of vocabulary. Built on a merge-free byte-level BPE, so padding,
+    truncation, offsets and saving are the wrapper's own (ids equal transformers' ByT5Tokenizer())."""
+    specials = ["<pad>", "</s>", "<unk>"]
+    vocab = {t: i for i, t in enumerate(specials)}
+    vocab.update({c: b + len(specials) for b, c in enumerate(byte_chars())})
+    sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]
+    vocab.update({t: 259 + i for i, t in enumerate(sentinels)})
+    backend = tk.Tokenizer(tk.models.BPE(vocab, [], fuse_unk=False))
+    # no regex pre-split: with no merges every byte is its own token anyway
+    backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = tk.decoders.ByteLevel()
+    # ByT5's <pad>, </s>, <unk> swallow the spaces around them when they occur in text (lstrip/rstrip)
+    backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False, lstrip=True, rstrip=True)
+                                for t in specials] +
+                               [tk.AddedToken(t, special=True, normalized=False) for t in sentinels])
+    backend.post_processor = tk.processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                              special_tokens=[("</s>", 1)])
+    return Tokenizer(backend, specials={"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"},
+                     model_max_length=model_max_length, name="byte")
+
+
 def build_char_tokenizer(files: Iterable[str | Path], unk: str = "[UNK]") -> Tokenizer:
     """One token per character seen in `files`, ids in sorted character order (nanoGPT's shakespeare_char
     vocabulary), plus an unknown token at the end."""

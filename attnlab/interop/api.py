@@ -46,7 +46,9 @@ def save(model: Model, directory: str | Path, layout: str = "auto") -> Path:
 
 
 def load_tokenizer(name_or_path: str | Path):
-    from ..tokenizers import load_tokenizer as _load
+    from ..tokenizers import build_byte_tokenizer, load_tokenizer as _load
+    if str(name_or_path) in ("byte", "byt5") and not Path(name_or_path).exists():  # nothing to read: bytes
+        return build_byte_tokenizer()
     path = resolve(name_or_path)
     if path.suffix.lower() == ".gguf":
         from .gguf import tokenizer_from_gguf

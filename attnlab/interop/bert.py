@@ -29,7 +29,7 @@ def bert_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
 
 
 def bert_config_to_hf(cfg: ModelConfig) -> dict:
-    act = {v: k for k, v in HF_ACTIVATIONS.items() if k in ("gelu", "relu", "gelu_new", "silu")}[cfg.activation]
+    act = {v: k for k, v in HF_ACTIVATIONS.items() if k in ("gelu", "relu", "gelu_new", "silu", "leaky_relu")}[cfg.activation]
     out = dict(cfg.extra)
     out.update({theirs: getattr(cfg, ours) for theirs, ours in BERT_RENAMES.items()})
     out.update(model_type="bert", hidden_act=act, position_embedding_type="absolute",

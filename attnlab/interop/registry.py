@@ -76,7 +76,7 @@ def config_from_mapping(hf: dict, source: str, renames: dict[str, str], fixed: d
 
 
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                  "silu": "silu", "swish": "silu"}
+                  "silu": "silu", "swish": "silu", "leaky_relu": "leaky_relu"}
 
 
 def hf_activation(name: str, source: str) -> str:

@@ -149,7 +149,8 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
                           f"two ({n}×{d})@({d}×{ff}) and one ({n}×{ff})@({ff}×{d})",
                           3 * _mm(n, d, ff), 3 * d * ff + b * (2 * ff + d), 3 * n * ff + n * d))
     else:
-        act = {"gelu": "GELU", "gelu_tanh": "GELU (tanh)", "relu": "ReLU", "silu": "SiLU"}[cfg.activation]
+        act = {"gelu": "GELU", "gelu_tanh": "GELU (tanh)", "relu": "ReLU", "silu": "SiLU",
+               "leaky_relu": "LeakyReLU"}[cfg.activation]
         steps.append(Step(f"FFN {d}→{ff}→{d} ({act}): ({n}×{d})@({d}×{ff}), then ({n}×{ff})@({ff}×{d})",
                           2 * _mm(n, d, ff), 2 * d * ff + b * (ff + d), 2 * n * ff + n * d))
     if cfg.norm_placement == "post":

@@ -158,6 +158,9 @@ def _tiny_hf(model_type: str) -> dict:
         return dict(model_type="llama", vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
                     architectures=["LlamaForCausalLM"])
+    if model_type == "openai-gpt":  # GPT-1's FFN is always 4 * n_embd wide: the shared tiny shape below is not
+        return dict(model_type="openai-gpt", vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                    architectures=["OpenAIGPTLMHeadModel"])
     name = next(n for n, p in PRESETS.items() if p["model_type"] == model_type)
     base = ModelConfig.from_dict(json.loads(json.dumps(PRESETS[name])))
     tiny = dict(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
