@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -75,30 +76,44 @@ def llama_cpp_bin(arg: str | None) -> Path | None:
     return path
 
 
+def _stamp(line: str) -> float:
+    """Seconds from llama.cpp's log prefix "M.SS.mmm.uuu"."""
+    m, sec, ms, us = (int(x) for x in line.split()[0].split("."))
+    return m * 60 + sec + ms / 1e3 + us / 1e6
+
+
 def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, threads: int,
                      extra: tuple[str, ...] = ()) -> dict | None:
-    """Run llama-perplexity; its final PPL, tokens/s of its prompt evaluation and the load around it."""
+    """Run llama-perplexity; its final PPL, tokens/s of the evaluation (from its log's timestamps: the
+    first chunk to the final estimate, so model loading and tokenizing are left out, as on our sides), its
+    CPU time, and the load around it."""
     cmd = [str(bin_dir / "llama-perplexity"), "-m", str(gguf), "-f", str(text_file), "-c", str(n_ctx),
            "-t", str(threads), "-tb", str(threads), *extra]
     loads = [os.getloadavg()[0]]
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
         while proc.poll() is None:
-            time.sleep(5)
+            time.sleep(2)
             loads.append(os.getloadavg()[0])
         log.seek(0)
         out = log.read()
     wall = time.perf_counter() - start
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     ppl = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
-    chunks = re.search(r"calculating perplexity over (\d+) chunks, n_ctx=(\d+)", out)
-    speed = re.search(r"prompt eval time =\s*([0-9.]+) ms /\s*(\d+) tokens.*?([0-9.]+) tokens per second", out)
-    if proc.returncode or not ppl:
+    begin = re.search(r"^.*calculating perplexity over (\d+) chunks, n_ctx=(\d+).*$", out, re.M)
+    end = re.search(r"^.*Final estimate.*$", out, re.M)
+    if proc.returncode or not ppl or not begin:
         print(f"llama-perplexity failed ({' '.join(cmd)}):\n{out[-3000:]}", file=sys.stderr)
         return None
-    return {"perplexity": float(ppl.group(1)), "chunks": int(chunks.group(1)) if chunks else None,
-            "tokens_per_s": float(speed.group(3)) if speed else float("nan"),
-            "seconds": float(speed.group(1)) / 1000 if speed else wall, "wall_seconds": wall,
+    chunks, ctx = int(begin.group(1)), int(begin.group(2))
+    seconds = _stamp(end.group(0)) - _stamp(begin.group(0))
+    cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+    return {"perplexity": float(ppl.group(1)), "chunks": chunks, "tokens_fed": chunks * ctx, "seconds": seconds,
+            "tokens_per_s": chunks * ctx / seconds, "cpu_seconds": cpu, "wall_seconds": wall,
+            # CPU time of the whole run (loading ~1 s included): under load, wall time measures the machine
+            "tokens_per_cpu_s": chunks * ctx / cpu,
             "load": [min(loads), sum(loads) / len(loads), max(loads)], "command": " ".join(cmd)}
 
 
@@ -109,17 +124,18 @@ def load_str(loads) -> str:
 def run_sides(sides: dict, windows, batch_size: int, label: str) -> dict:
     """Every side on every batch, in turns (order rotated each batch, so a slow spell hits all sides)."""
     names = list(sides)
-    sums = {n: [0.0, 0, 0.0] for n in names}
+    sums = {n: [0.0, 0, 0.0, 0.0] for n in names}
     loads = []
     todo = batches(windows, batch_size)
     start = time.perf_counter()
     for i, batch in enumerate(todo):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             nll, n = sides[name](batch)
             sums[name][0] += nll
             sums[name][1] += n
             sums[name][2] += time.perf_counter() - t
+            sums[name][3] += time.process_time() - c
         loads.append(os.getloadavg()[0])
         if i % 10 == 9 or i + 1 == len(todo):
             done = time.perf_counter() - start
@@ -128,8 +144,9 @@ def run_sides(sides: dict, windows, batch_size: int, label: str) -> dict:
                   flush=True)
     fed = sum(len(w.ids) for w in windows)
     load = [min(loads), sum(loads) / len(loads), max(loads)]
-    return {n: {"scored": c, "mean_nll": nll / c, "perplexity": math.exp(nll / c), "seconds": sec,
-                "tokens_per_s": fed / sec, "load": load} for n, (nll, c, sec) in sums.items()}
+    return {n: {"scored": c, "mean_nll": nll / c, "perplexity": math.exp(nll / c), "tokens_fed": fed,
+                "seconds": sec, "tokens_per_s": fed / sec, "cpu_seconds": cpu, "tokens_per_cpu_s": fed / cpu,
+                "load": load} for n, (nll, c, sec, cpu) in sums.items()}
 
 
 def main() -> None:
@@ -198,16 +215,17 @@ def main() -> None:
         print("llama.cpp row skipped: no llama-perplexity (scripts/build-llama-cpp.sh, then ATTNLAB_LLAMA_CPP_BIN)")
     report["results"] = results
 
-    base = results.get("transformers", {}).get("tokens_per_s")
+    base = results.get("transformers", {})
     ref = results.get("llama.cpp", {}).get("perplexity")
     rows = []
     for name, r in results.items():
+        ratio = lambda key: f"{r[key] / base[key]:.2f}x" if base else ""  # noqa: E731
         rows.append([name, r.get("scored", ""), f"{r['perplexity']:.4f}",
                      f"{100 * (r['perplexity'] / ref - 1):+.3f}%" if ref else "",
-                     f"{r['seconds']:.0f}", f"{r['tokens_per_s']:.0f}",
-                     f"{r['tokens_per_s'] / base:.2f}x" if base else "", load_str(r["load"])])
+                     f"{r['seconds']:.0f}", f"{r['tokens_per_s']:.0f}", ratio("tokens_per_s"),
+                     f"{r['tokens_per_cpu_s']:.0f}", ratio("tokens_per_cpu_s"), load_str(r["load"])])
     print(table(rows, ["", "scored", "perplexity", "vs llama.cpp", "seconds", "tokens fed/s", "vs transformers",
-                       "load min/mean/max"]))
+                       "tokens/CPU s", "vs transformers", "load min/mean/max"]))
     print(f"load after: {os.getloadavg()}", flush=True)
 
     if args.quant:
