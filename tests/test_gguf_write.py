@@ -134,12 +134,36 @@ def test_real_q8_0_costs_little_perplexity(smol_q8, data_dir):
     assert got["tokens"] > 512 and abs(got["perplexity"] / fp32 - 1) < 5e-3
 
 
-def test_llama_cpp_loads_what_attnlab_writes(smol_q8, data_dir, tmp_path):
-    """llama.cpp's own llama-perplexity reads the Q8_0 file and scores the text within 1% of attnlab on the
-    same file (it multiplies the quantized weights with 8-bit quantized activations and an F16 KV cache)."""
+def llama_cpp_bin() -> Path:
     bin_dir = os.environ.get("ATTNLAB_LLAMA_CPP_BIN")
     if not bin_dir or not (Path(bin_dir) / "llama-perplexity").is_file():
         pytest.skip("llama.cpp is not built: scripts/build-llama-cpp.sh, then ATTNLAB_LLAMA_CPP_BIN=.../build/bin")
+    return Path(bin_dir)
+
+
+def test_q4_0_bytes_equal_llama_quantize(smol_q8, tmp_path):
+    """llama.cpp's own quantizer, Q4_1 -> Q4_0 (--allow-requantize), writes the same bytes for every one of
+    the 272 tensors as attnlab does from the dequantized weights (its embedding falls back to Q8_0 too)."""
+    bin_dir = llama_cpp_bin()
+    src, model, _ = smol_q8
+    theirs = tmp_path / "theirs.gguf"
+    run = subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(src), str(theirs), "Q4_0", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ours = save_gguf(model, tmp_path / "ours.gguf", "Q4_0", like=src)
+    a, b = _reader(str(theirs.resolve())), _reader(str(ours.resolve()))
+    by_name = {t[0]: t for t in a.tensors}
+    assert sorted(by_name) == sorted(t[0] for t in b.tensors) and len(b.tensors) == 272
+    for t in b.tensors:
+        u = by_name[t[0]]
+        assert u[1:3] == t[1:3], t[0]  # shape and type
+        assert np.array_equal(a.tensor_bytes(*u), b.tensor_bytes(*t)), t[0]
+
+
+def test_llama_cpp_loads_what_attnlab_writes(smol_q8, data_dir, tmp_path):
+    """llama.cpp's own llama-perplexity reads the Q8_0 file and scores the text within 1% of attnlab on the
+    same file (it multiplies the quantized weights with 8-bit quantized activations and an F16 KV cache)."""
+    bin_dir = llama_cpp_bin()
     from attnlab.tasks.lm import perplexity
     _, _, q8 = smol_q8
     text = (data_dir / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")[:3000]
