@@ -160,6 +160,25 @@ def test_cli_prints_metrics(char_lm, capsys):
     assert 20 < out["perplexity"] < 60  # random init over ~28 characters: near uniform
 
 
+def test_bf16_scores_near_fp32_and_leaves_the_model_alone(char_lm, capsys):
+    """--dtype bf16 runs a bf16 copy: the JSON says so, perplexity within 1% of fp32's, the model given to
+    perplexity() stays fp32; an unknown dtype is an input error."""
+    args = ["evaluate", "lm", "--model", str(char_lm / "model"), "--data", str(char_lm / "corpus.txt"),
+            "--context", "64", "--stride", "32"]
+    assert main(args) == 0
+    fp32 = json.loads(capsys.readouterr().out)
+    assert main([*args, "--dtype", "bf16"]) == 0
+    bf16 = json.loads(capsys.readouterr().out)
+    assert fp32["dtype"] == "fp32" and bf16["dtype"] == "bf16" and bf16["scored_tokens"] == fp32["scored_tokens"]
+    assert bf16["perplexity"] != fp32["perplexity"] and abs(bf16["perplexity"] / fp32["perplexity"] - 1) < 0.01
+    model, tok = attnlab.load(char_lm / "model"), attnlab.load_tokenizer(char_lm / "model")
+    text = (char_lm / "corpus.txt").read_text()
+    assert perplexity(model, tok, text, context=64, dtype="bf16")["dtype"] == "bf16"
+    assert next(model.parameters()).dtype == torch.float32
+    with pytest.raises(LMInputError, match="--dtype 'fp8'"):
+        perplexity(model, tok, text, context=64, dtype="fp8")
+
+
 @pytest.mark.parametrize("content,args,message", [
     (b"", [], "the file is empty"),
     (b"ab\xffcd", [], "invalid UTF-8 at byte 2"),

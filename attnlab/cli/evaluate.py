@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, help="lm, hf convention: tokens between window starts (default context/2)")
     p.add_argument("--convention", choices=("hf", "llama.cpp"), default="hf",
                    help="lm: hf = transformers' sliding window (default); llama.cpp = llama-perplexity's chunks")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="lm: precision the model runs in (default fp32; bf16 is ~1.8x faster where the CPU has "
+                        "AVX512-BF16/AMX, perplexity ~+0.1%%)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +61,8 @@ def _run_lm(args: argparse.Namespace) -> int:
         raise ValueError("evaluate lm: --data is required (a UTF-8 text file)")
     try:
         result = evaluate_lm(args.model, args.data, context=args.context, stride=args.stride,
-                             batch_size=args.batch_size, convention=args.convention, progress=True)
+                             batch_size=args.batch_size, convention=args.convention, progress=True,
+                             dtype=args.dtype)
     except LMInputError as err:  # input the evaluation cannot score: status 2, like argparse's usage errors
         if args.debug:
             raise

@@ -72,10 +72,15 @@ class GGUFFile:
                 raise CheckpointError(f"{path}: not a GGUF v2/v3 file (magic {magic!r}, version {version})")
             n_tensors, n_kv = self._take("<QQ")
             self.meta = {}
+            self.types = {}  # key -> (GGUF value type, element type of an array or None): a writer copies them
             for _ in range(n_kv):
                 key = self._string()
                 (kind,) = self._take("<I")
+                inner = None
+                if kind == 9 and self.pos + 4 <= len(self.buf):
+                    inner = struct.unpack_from("<I", self.mv, self.pos)[0]
                 self.meta[key] = self._value(kind)
+                self.types[key] = (kind, inner)
             self.tensors = []  # (name, dims in ggml order (fastest first), ggml type, offset)
             for _ in range(n_tensors):
                 name = self._string()

@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - a tree without it: the smallest wrappe
                                            ignore_index=-100)
             return out
 
-__all__ = ["CausalLM", "clm_windows", "clm_collate", "clm_loss", "clm_metrics"]
+__all__ = ["CausalLM", "clm_windows", "clm_collate", "clm_loss", "clm_metrics", "tokens_per_byte", "with_bits_per_byte"]
 
 
 def _stream(shard: Shard, eot_id: int | None) -> np.ndarray:
@@ -103,3 +103,27 @@ def clm_loss(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
 def clm_metrics(sums: dict[str, float]) -> dict[str, float]:
     loss = sums["loss_sum"] / max(sums["n"], 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "accuracy": sums["correct"] / max(sums["n"], 1)}
+
+
+def tokens_per_byte(shards: list[Shard], tokenizer, max_tokens: int = 1_000_000) -> float:
+    """Tokens per UTF-8 byte of the text in `shards` (documents decoded back to text, up to `max_tokens`
+    tokens). Val loss is nats per *token*, which depends on the tokenizer; times this ratio / ln 2 it is
+    bits per *byte*, comparable between a character model, a BPE model and any other (as
+    lm-evaluation-harness reports for wikitext). End-of-text separators are not counted on either side."""
+    tokens = n_bytes = 0
+    for shard in shards:
+        for d in range(shard.num_documents):
+            ids = shard.document_tokens(d)
+            tokens += len(ids)
+            n_bytes += len(tokenizer.decode(ids, skip_special_tokens=False).encode("utf-8"))
+            if tokens >= max_tokens:
+                return tokens / max(n_bytes, 1)
+    return tokens / max(n_bytes, 1)
+
+
+def with_bits_per_byte(metrics_fn, ratio: float):
+    """`metrics_fn` plus "bits_per_byte" = loss (nats/token) x tokens per byte / ln 2."""
+    def metrics(sums: dict[str, float]) -> dict[str, float]:
+        out = metrics_fn(sums)
+        return {**out, "bits_per_byte": out["loss"] * ratio / math.log(2)}
+    return metrics

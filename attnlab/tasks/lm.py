@@ -21,7 +21,13 @@ each token masked in turn, in chunks of ``context - 2`` tokens between [CLS] and
 of a chunk batched; exp(sum of -log p(token | rest) / tokens). It is not comparable with a decoder's.
 
 Windows of equal length are batched; logits are computed only at scored positions and in row chunks,
-because a (batch, 1024, 49152) fp32 logit tensor would be 200 MB per row.
+because a (batch, 1024, 49152) fp32 logit tensor would be 200 MB per row; log-softmax runs in fp32 on
+those rows only.
+
+``dtype="bf16"`` runs the model in bfloat16 (``inference.quantize``). Where the CPU has native bf16 dot
+products (AVX512-BF16 / AMX) its matmuls run ~2.4x faster than fp32 (measured: 185 vs 76 GFLOP/s on one
+core, 2048x576 @ 576x1536); the perplexity moves by about +0.1% (SmolLM2-135M on WikiText-2). The NLL is
+still accumulated in fp32/float64. Without those instructions bf16 is emulated and slower.
 """
 from __future__ import annotations
 
@@ -33,7 +39,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..inference.quantize import linear_precision, quantize
+
 CONVENTIONS = ("hf", "llama.cpp")
+DTYPES = ("fp32", "bf16")  # int8 dynamic quantization is not offered: +25.7% perplexity on SmolLM2 (README)
 MAX_DEFAULT_CONTEXT = 1024  # the issue's cap on the default context (the model's maximum may be 8k+)
 _LOGIT_ROWS = 512  # positions projected onto the vocabulary at a time (bounds peak memory)
 
@@ -172,16 +181,19 @@ def read_text(path: str | Path) -> str:
 
 def perplexity(model, tokenizer, text: str, *, context: int | None = None, stride: int | None = None,
                batch_size: int | None = None, convention: str = "hf", progress: bool = False,
-               source: str = "text") -> dict:
+               source: str = "text", dtype: str = "fp32") -> dict:
     """Score `text` with a causal LM (or a masked LM: pseudo-perplexity); returns the metrics `attnlab
     evaluate lm` prints. `batch_size` counts windows for a decoder (default 4), masked copies for a masked
-    LM (default 32: each copy is one short row)."""
+    LM (default 32: each copy is one short row). `dtype`: "fp32" (default: the model as given) or "bf16" (a bf16
+    copy of the model scores; the caller's model is left as it is)."""
     if convention not in CONVENTIONS:
         raise LMInputError(f"--convention {convention!r}: choose one of {', '.join(CONVENTIONS)}")
     masked = type(model).__name__ == "MaskedLM"
     if not masked and not (hasattr(model, "lm_head") and getattr(model.config, "causal", False)):
         raise LMInputError(f"{source}: a {type(model).__name__} ({model.config.model_type}) has no causal "
                            f"language-model head to score text with")
+    if dtype not in DTYPES:
+        raise LMInputError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     batch_size = batch_size or (32 if masked else 4)
     if batch_size < 1:
         raise LMInputError(f"--batch-size {batch_size}: must be at least 1")
@@ -189,8 +201,11 @@ def perplexity(model, tokenizer, text: str, *, context: int | None = None, strid
     context = context or min(limit, MAX_DEFAULT_CONTEXT)
     if context > limit:
         raise LMInputError(f"--context {context} is longer than the model's maximum ({limit} positions)")
+    if dtype == "bf16" and linear_precision(model) != "bf16":
+        model = quantize(model, "bf16")
+    dtype = linear_precision(model)  # what actually ran (a model handed in already quantized stays so)
     if masked:
-        return _pseudo_perplexity(model, tokenizer, text, context, batch_size, progress, source)
+        return {**_pseudo_perplexity(model, tokenizer, text, context, batch_size, progress, source), "dtype": dtype}
     stride = stride or max(context // 2, 1)
     ids = tokenizer.encode(text)
     if len(ids) < 2:
@@ -204,7 +219,7 @@ def perplexity(model, tokenizer, text: str, *, context: int | None = None, strid
     seconds = time.perf_counter() - start
     n_bytes, n_words = len(text.encode("utf-8")), len(text.split())
     return {
-        "convention": convention, "context": context, "stride": stride if convention == "hf" else context,
+        "convention": convention, "dtype": dtype, "context": context, "stride": stride if convention == "hf" else context,
         "tokens": len(ids), "scored_tokens": scored, "windows": len(windows),
         "mean_nll": nll / scored, "perplexity": math.exp(nll / scored),
         # bits per byte and word perplexity spread the same NLL over bytes / words (lm-evaluation-harness)
@@ -242,6 +257,8 @@ def evaluate_lm(model_path: str | Path, data_path: str | Path, **kwargs) -> dict
     from ..interop.api import load, load_tokenizer
     text = read_text(data_path)
     model = load(model_path)
+    if kwargs.get("dtype") == "bf16":
+        quantize(model, "bf16", inplace=True)  # no fp32 copy kept beside it
     tokenizer = load_tokenizer(model_path)
     return {"model": str(model_path), "data": str(data_path),
             **perplexity(model, tokenizer, text, source=str(model_path), **kwargs)}

@@ -245,6 +245,10 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
         from ..objectives.mlm import unigram_baseline
         baseline = unigram_baseline(token_counts(open_shards(corpus, "train"), model_cfg.vocab_size), eval_data)
         metrics_fn = lambda sums: {**objective.metrics(sums), **baseline}  # noqa: E731
+    if eval_data and objective.kind == "clm":
+        # bits per byte beside val loss: comparable across tokenizers (char-level vs BPE)
+        from ..objectives.clm import tokens_per_byte, with_bits_per_byte
+        metrics_fn = with_bits_per_byte(metrics_fn, tokens_per_byte(heldout, tokenizer))
     ceiling = matmul_ceiling(model_cfg.hidden_size) if rank == 0 else 0.0
     trainer = Trainer(model, cfg.train, train, loss_fn=objective.loss, eval_data=eval_data, metrics_fn=metrics_fn)
     metrics = trainer.train()
