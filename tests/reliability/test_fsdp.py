@@ -1,0 +1,109 @@
+"""Sharded training (train.parallel=fsdp) on CPU with gloo, through the real `attnlab pretrain` under torchrun:
+two processes match one process with the same global batch (1e-4 after 10 steps), and a checkpoint written
+with torch.distributed.checkpoint by 2 processes resumes in 1, and one written by 1 resumes in 2, equal to
+the uninterrupted run (1e-4: a different world size sums in a different order)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnlab.training import checkpoint as ckpt
+from _pretrain_utils import one_thread
+from test_trainer import _losses, _single_thread, corpus  # noqa: F401  (fixtures)
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, HALF = 10, 5
+TOL = 1e-4
+
+
+def common(corpus: Path) -> list[str]:
+    return [f"data.path={corpus}", "data.seq_len=32", "data.batch_size=4", "data.eval_batches=3", "data.slices=2",
+            "model.preset=bert-tiny", "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
+            "model.max_position_embeddings=32", "model.dropout=0.0", "model.attention_dropout=0.0",
+            f"train.max_steps={STEPS}", "train.lr=3e-3", "train.warmup_steps=2", "train.log_every=1",
+            "train.eval_every=5", f"train.save_every={HALF}", "train.keep_last=2", "train.progress=false",
+            "train.parallel=fsdp"]
+
+
+def run(corpus: Path, config: Path, out: Path, processes: int, *extra: str) -> str:
+    """`attnlab pretrain` in `processes` processes, one thread each: torchrun for 2, in this process for 1
+    (faster: no second import of torch). The global batch is 8 sequences either way (2 x 4, or 1 x 4 with two
+    micro-batches, one per data slice). Returns what the run printed to stderr."""
+    accum = f"train.grad_accum={2 // processes}"
+    args = [*common(corpus), accum, f"train.output_dir={out}", *extra]
+    if processes == 1:
+        from attnlab.training.pretrain import load_config, pretrain
+        with one_thread():
+            pretrain(load_config(config, args))
+        return ""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+           "-m", "attnlab", "pretrain", "--config", str(config), *args]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+def halfway(src: Path, dst: Path) -> Path:
+    """A copy of a finished run as it stood after step HALF: the later checkpoint and the final model gone."""
+    shutil.copytree(src, dst)
+    shutil.rmtree(dst / "checkpoints" / f"step-{STEPS:06d}")
+    shutil.rmtree(dst / "model")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):  # noqa: F811
+    root = tmp_path_factory.mktemp("fsdp")
+    config = root / "recipe.yaml"
+    config.write_text("objective: {kind: mlm+nsp}\n")
+    out = {"two": root / "two", "one": root / "one"}
+    out["stderr"] = run(corpus, config, out["two"], 2)
+    run(corpus, config, out["one"], 1)
+    out["two->one"] = halfway(out["two"], root / "two-then-one")
+    run(corpus, config, out["two->one"], 1, "train.resume=true")
+    out["one->two"] = halfway(out["one"], root / "one-then-two")
+    out["resumed stderr"] = run(corpus, config, out["one->two"], 2, "--resume")
+    return out
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(next((out / "model").glob("*.safetensors"))))
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_fsdp_two_processes_match_one_with_the_same_global_batch(runs):
+    two, one = _losses(runs["two"]), _losses(runs["one"])
+    assert sorted(two) == sorted(one) == list(range(1, STEPS + 1))
+    assert max(abs(two[s] - one[s]) for s in one) < TOL, (two, one)
+    assert len(set(one.values())) > 1  # the loss moved: the comparison is not vacuous
+    assert "train.parallel=fsdp: 3 units sharded over 2 processes" in runs["stderr"]  # 2 blocks + the root
+    diff = max_diff(weights(runs["two"]), weights(runs["one"]))
+    assert diff < TOL, diff
+    # the checkpoints are DCP directories: one shard file per process, plus the shared metadata
+    two_ckpt, one_ckpt = ckpt.list_checkpoints(runs["two"])[-1], ckpt.list_checkpoints(runs["one"])[-1]
+    assert sorted(p.name for p in (two_ckpt / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert sorted(p.name for p in (one_ckpt / "dcp").iterdir()) == [".metadata", "__0_0.distcp"]
+
+
+@pytest.mark.parametrize("resumed, straight", [("two->one", "one"), ("one->two", "two")])
+def test_dcp_checkpoint_resumes_with_another_world_size(runs, resumed, straight):
+    a, b = _losses(runs[resumed]), _losses(runs[straight])
+    logged = [line for line in (runs[resumed] / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert sorted(a) == list(range(1, STEPS + 1)) and len(logged) == STEPS  # each step logged once: it resumed
+    assert max(abs(a[s] - b[s]) for s in range(HALF + 1, STEPS + 1)) < TOL, (a, b)
+    assert max_diff(weights(runs[resumed]), weights(runs[straight])) < TOL
+    assert abs(a[STEPS] - a[HALF + 1]) > 1e-3  # it trained on after the resume point
+    if resumed == "one->two":
+        assert "resumed from step 5" in runs["resumed stderr"]
