@@ -53,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-scratch", action="store_true",
                    help="same architecture and tokenizer as --model but random weights (the no-pretraining baseline)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="write a training checkpoint to OUTPUT/checkpoints every N steps (default: none)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue exactly from the newest checkpoint in --output (a run killed mid-way)")
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                   help="under torchrun: replicate (ddp, default) or shard (fsdp) the model")
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
     t.add_argument("--tgt-lang", help="target language code, e.g. de")
@@ -79,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
                        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
-                       from_scratch=args.from_scratch)
+                       from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
+                       parallel=args.parallel)
     print(json.dumps(summary))
     return 0
 
@@ -105,6 +112,7 @@ def _translation(args: argparse.Namespace) -> int:
                                    max_length=args.max_length or 128, epochs=args.epochs or 30.0,
                                    max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
                                    eval_every=args.eval_every, eval_beams=args.eval_beams, seed=args.seed,
-                                   max_eval_sentences=args.max_eval_samples, progress=args.progress)
+                                   max_eval_sentences=args.max_eval_samples, progress=args.progress,
+                                   save_every=args.save_every, resume=args.resume)
     print(json.dumps(summary))
     return 0

@@ -4,6 +4,7 @@ with torch.distributed.checkpoint by 2 processes resumes in 1, and one written b
 the uninterrupted run (1e-4: a different world size sums in a different order)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -107,3 +108,42 @@ def test_dcp_checkpoint_resumes_with_another_world_size(runs, resumed, straight)
     assert abs(a[STEPS] - a[HALF + 1]) > 1e-3  # it trained on after the resume point
     if resumed == "one->two":
         assert "resumed from step 5" in runs["resumed stderr"]
+
+
+def test_finetune_fsdp_two_processes_match_one(data_dir, tmp_path):
+    """`attnlab finetune sst2 --parallel fsdp` under torchrun: each process takes half of every batch of 8; after
+    10 steps the kept model equals the one process run's within 1e-4, and so does its validation score."""
+    import attnlab
+    from attnlab.cli import main
+    from attnlab.config import ModelConfig
+    model = attnlab.from_config(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                            dropout=0.0, attention_dropout=0.0))
+    model.save(tmp_path / "tiny")
+    attnlab.load_tokenizer("minilm").save(tmp_path / "tiny")
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.tsv").write_text("\n".join(lines[:81]) + "\n")
+    (tmp_path / "dev.tsv").write_text("\n".join([lines[0], *lines[200:232]]) + "\n")
+    argv = ["finetune", "sst2", "--model", str(tmp_path / "tiny"), "--train", str(tmp_path / "train.tsv"),
+            "--valid", str(tmp_path / "dev.tsv"), "--epochs", "1", "--batch-size", "8", "--lr", "1e-3",
+            "--max-length", "32", "--no-progress", "--parallel", "fsdp", "--save-every", "5"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "attnlab",
+           *argv, "--output", str(tmp_path / "two")]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "train.parallel=fsdp: 3 units sharded over 2 processes" in done.stderr
+    with one_thread():
+        assert main([*argv, "--output", str(tmp_path / "one")]) == 0
+    two, one = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("two", "one"))
+    assert two["steps"] == one["steps"] == 10
+    assert abs(two["eval_accuracy"] - one["eval_accuracy"]) < 1e-9
+    assert max_diff(tensors(tmp_path / "two"), tensors(tmp_path / "one")) < TOL
+    loss = [[json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+            for d in ("two", "one")]
+    assert len(loss[0]) == len(loss[1]) == 1 and abs(loss[0][0] - loss[1][0]) < TOL
+    assert sorted(p.name for p in (ckpt.list_checkpoints(tmp_path / "two")[-1] / "dcp").iterdir()) == \
+        [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def tensors(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(next(directory.glob("*.safetensors"))))
