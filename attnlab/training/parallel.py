@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -100,7 +101,9 @@ def save_sharded(output_dir: Path, step: int, model, optimizer, trainer_state: d
     _barrier(world)
     error = None
     try:
-        dcp.save(_state(model, optimizer), checkpoint_id=str(tmp / "dcp"), no_dist=world == 1)
+        with warnings.catch_warnings():  # one process: DCP says it assumes so, which is the point
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(_state(model, optimizer), checkpoint_id=str(tmp / "dcp"), no_dist=world == 1)
         if rank == 0:
             torch.save(trainer_state, tmp / "trainer.pt")
             _fsync_tree(tmp)
@@ -138,7 +141,9 @@ def load_sharded(path: Path, model, optimizer) -> dict:
         raise ValueError(f"{path}: not a train.parallel=fsdp checkpoint (no dcp/.metadata); "
                          "resume it with train.parallel=ddp")
     state = _state(model, optimizer)
-    dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if hasattr(model, "tie_weights") and not is_sharded(model):
         model.tie_weights()
