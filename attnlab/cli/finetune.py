@@ -16,10 +16,14 @@ Defaults that follow the data (each flag given explicitly wins):
   77.2% (two draws), 1,000 sentences 85.0%; the README's fine-tuning section has the table and commands.)
 Writes the best model (config.json with id2label, model.safetensors, tokenizer files), metrics.jsonl
 (the run) and metrics.json (the summary) into --output.
+With --save-every N a training checkpoint goes to OUTPUT/checkpoints every N steps, and a killed run
+continues exactly with --resume. Under torchrun each process takes its share of every batch
+(--parallel ddp replicates the model, fsdp shards it; docs/DISTRIBUTED.md).
 
 example:
   attnlab finetune mrpc --model minilm --output out/mrpc
   attnlab evaluate mrpc --model out/mrpc --data ../shared/data/glue/MRPC/dev.tsv
+  torchrun --nproc_per_node=2 -m attnlab finetune sst2 --model minilm --output out/sst2 --parallel fsdp
 """
 from __future__ import annotations
 

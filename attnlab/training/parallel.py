@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .checkpoint import CheckpointWriteError, _fsync_tree, _remove, _test_pause, list_checkpoints
+from .checkpoint import _fsync_tree, publish, write_error
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -113,21 +113,10 @@ def save_sharded(output_dir: Path, step: int, model, optimizer, trainer_state: d
     if failed:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        good = list_checkpoints(output_dir)
-        last = f"the last good checkpoint, {good[-1]}, is intact" if good else "no earlier checkpoint exists"
         why = (error.strerror or str(error)) if error is not None else "another process could not write its shard"
-        failure = CheckpointWriteError(f"could not write checkpoint {final}: {why}; {last}")
-        failure.errno = getattr(error, "errno", None)
-        raise failure from error
+        raise write_error(output_dir, final, why, getattr(error, "errno", None)) from error
     if rank == 0:
-        _test_pause(step)
-        if final.exists():
-            _remove(final, root)
-        os.replace(tmp, final)
-        if keep_last > 0:
-            finished = [p for p in list_checkpoints(output_dir) if p != final]
-            for old in finished[:max(len(finished) - (keep_last - 1), 0)]:
-                _remove(old, root)
+        publish(tmp, final, step, keep_last)
     _barrier(world)
     return final
 
