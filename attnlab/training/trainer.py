@@ -243,6 +243,8 @@ class Trainer:
         if self.fsdp:
             state = parallel.load_sharded(path, self.model, self.optimizer)
         else:
+            if (path / "dcp").is_dir():
+                raise ValueError(f"{path}: written with train.parallel=fsdp (dcp/); resume it with train.parallel=fsdp")
             state = load_checkpoint(path, self.model)
             if state["world_size"] != self.world:
                 raise ValueError(f"{path}: saved with {state['world_size']} processes, resuming with {self.world}; "

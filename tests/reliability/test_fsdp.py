@@ -110,6 +110,18 @@ def test_dcp_checkpoint_resumes_with_another_world_size(runs, resumed, straight)
         assert "resumed from step 5" in runs["resumed stderr"]
 
 
+def test_a_checkpoint_resumes_only_with_its_own_kind(runs, corpus, tmp_path):  # noqa: F811
+    from attnlab.training.pretrain import load_config, pretrain
+    out = halfway(runs["one"], tmp_path / "copy")
+    config = tmp_path / "recipe.yaml"
+    config.write_text("objective: {kind: mlm+nsp}\n")
+    args = [*common(corpus), "train.grad_accum=2", f"train.output_dir={out}", "train.resume=true",
+            "train.parallel=ddp"]
+    with one_thread(), pytest.raises(ValueError, match=r"step-000005: written with train.parallel=fsdp \(dcp/\); "
+                                                        r"resume it with train.parallel=fsdp"):
+        pretrain(load_config(config, args))
+
+
 def test_finetune_fsdp_two_processes_match_one(data_dir, tmp_path):
     """`attnlab finetune sst2 --parallel fsdp` under torchrun: each process takes half of every batch of 8; after
     10 steps the kept model equals the one process run's within 1e-4, and so does its validation score."""
