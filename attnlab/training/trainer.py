@@ -370,8 +370,9 @@ class Trainer:
                     (loss / args.grad_accum).backward()
                 loss_sum += float(loss.detach())
             loss_value = self._mean_over_ranks(loss_sum / args.grad_accum)  # the same on every rank
-            norm = parallel.local_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm)) \
-                if args.clip_norm > 0 else None
+            norm = None
+            if args.clip_norm > 0:  # sharded gradients give a DTensor norm: local_norm makes it a plain number
+                norm = parallel.local_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm))
             lr = self.optimizer.param_groups[0]["lr"]
             skipped = not math.isfinite(loss_value) or (norm is not None and not bool(torch.isfinite(norm)))
             if skipped:

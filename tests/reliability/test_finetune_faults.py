@@ -10,10 +10,8 @@ import errno
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from attnlab.cli import main as cli_main
 from attnlab.config import ModelConfig
 from attnlab.training import checkpoint as ckpt
 from test_trainer import _single_thread  # noqa: F401  (autouse: one intra-op thread, the machine is shared)
+from test_training_faults import assert_same_tensors, kill_when
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING = ("tokens_per_s", "elapsed_s")
@@ -79,12 +78,6 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(next(path.glob("*.safetensors"))))
 
 
-def assert_same(a: dict, b: dict) -> None:
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
 @pytest.mark.parametrize("job", ["sst2", "translation"])
 def test_sigkill_then_resume_equals_an_uninterrupted_run(jobs, tmp_path, job):
     argv = jobs[job]
@@ -95,19 +88,12 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(jobs, tmp_path, job):
             in_save = k == 1  # the second kill lands inside a checkpoint write (temporary complete, not renamed)
             proc = launch(argv, out, *(["--resume"] if k else []),
                           env={"ATTNLAB_TEST_CHECKPOINT_PAUSE": f"{target}:60"} if in_save else None)
-            deadline = time.time() + 120
-            try:
-                while time.time() < deadline and proc.poll() is None:
-                    if in_save and list((out / "checkpoints").glob(f".tmp-step-{target:06d}-*/trainer.pt")):
-                        break
-                    if not in_save and newest_step(out) >= target:
-                        time.sleep(rng.uniform(0, 0.1))  # somewhere in a step, an evaluation or a save
-                        break
-                    time.sleep(0.01)
-                assert proc.poll() is None, f"kill {k}: the run ended first: {proc.stderr.read()[-2000:]}"
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
+            if in_save:
+                pattern = f".tmp-step-{target:06d}-*/trainer.pt"  # the temporary is complete
+                ready, settle = lambda: bool(list((out / "checkpoints").glob(pattern))), 0.0
+            else:  # somewhere in a step, an evaluation or a save
+                ready, settle = lambda: newest_step(out) >= target, rng.uniform(0, 0.1)
+            kill_when(proc, ready, settle, f"kill {k}")
             if in_save:  # the half-written checkpoint is invisible: the newest is the step before
                 assert newest_step(out) == target - 1
         done = launch(argv, out, "--resume")
@@ -119,10 +105,10 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(jobs, tmp_path, job):
         straight.kill()
         straight.wait()
     a, b = tmp_path / "straight", out
-    assert_same(tensors(a), tensors(b))  # the kept best model
+    assert_same_tensors(tensors(a), tensors(b))  # the kept best model
     last_a, last_b = ckpt.list_checkpoints(a)[-1], ckpt.list_checkpoints(b)[-1]
     assert last_a.name == last_b.name
-    assert_same(tensors(last_a / "model"), tensors(last_b / "model"))  # the weights after the last step
+    assert_same_tensors(tensors(last_a / "model"), tensors(last_b / "model"))  # the weights after the last step
     assert metrics(a) == metrics(b)  # every evaluation logged once, with the same scores
     assert sum("loss" in r for r in metrics(b)) >= 1 and sum(k.startswith("eval_") for r in metrics(b) for k in r) >= 2
     summary = json.loads((b / "metrics.json").read_text())
