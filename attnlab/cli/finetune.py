@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _translation(args: argparse.Namespace) -> int:
     from ..tasks.translation import finetune_translation
+    if args.parallel != "ddp":
+        raise ValueError("finetune translation: --parallel fsdp is not supported (its batches are not split "
+                         "across processes); see docs/DISTRIBUTED.md")
     missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")

@@ -163,3 +163,14 @@ def test_finetune_fsdp_two_processes_match_one(data_dir, tmp_path):
 
 def tensors(directory: Path) -> dict[str, torch.Tensor]:
     return load_file(str(next(directory.glob("*.safetensors"))))
+
+
+def test_finetune_translation_refuses_fsdp_in_one_line(tmp_path, capsys):
+    from attnlab.cli import main
+    text = tmp_path / "s.txt"
+    text.write_text("a b\n")
+    files = [a for o in ("train-src", "train-tgt", "valid-src", "valid-tgt") for a in (f"--{o}", str(text))]
+    assert main(["finetune", "translation", *files, "--output", str(tmp_path / "out"), "--parallel", "fsdp"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("attnlab finetune: error: finetune translation: --parallel fsdp is not supported (its batches "
+                   "are not split across processes); see docs/DISTRIBUTED.md")
