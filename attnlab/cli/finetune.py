@@ -16,10 +16,14 @@ Defaults that follow the data (each flag given explicitly wins):
   77.2% (two draws), 1,000 sentences 85.0%; the README's fine-tuning section has the table and commands.)
 Writes the best model (config.json with id2label, model.safetensors, tokenizer files), metrics.jsonl
 (the run) and metrics.json (the summary) into --output.
+With --save-every N a training checkpoint goes to OUTPUT/checkpoints every N steps, and a killed run
+continues exactly with --resume. Under torchrun each process takes its share of every batch
+(--parallel ddp replicates the model, fsdp shards it; docs/DISTRIBUTED.md).
 
 example:
   attnlab finetune mrpc --model minilm --output out/mrpc
   attnlab evaluate mrpc --model out/mrpc --data ../shared/data/glue/MRPC/dev.tsv
+  torchrun --nproc_per_node=2 -m attnlab finetune sst2 --model minilm --output out/sst2 --parallel fsdp
 """
 from __future__ import annotations
 
@@ -53,6 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-scratch", action="store_true",
                    help="same architecture and tokenizer as --model but random weights (the no-pretraining baseline)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="write a training checkpoint to OUTPUT/checkpoints every N steps (default: none)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue exactly from the newest checkpoint in --output (a run killed mid-way)")
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                   help="under torchrun: replicate (ddp, default) or shard (fsdp) the model")
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
     t.add_argument("--tgt-lang", help="target language code, e.g. de")
@@ -79,13 +89,17 @@ def run(args: argparse.Namespace) -> int:
                        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
-                       from_scratch=args.from_scratch)
+                       from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
+                       parallel=args.parallel)
     print(json.dumps(summary))
     return 0
 
 
 def _translation(args: argparse.Namespace) -> int:
     from ..tasks.translation import finetune_translation
+    if args.parallel != "ddp":
+        raise ValueError("finetune translation: --parallel fsdp is not supported (its batches are not split "
+                         "across processes); see docs/DISTRIBUTED.md")
     missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")
@@ -105,6 +119,7 @@ def _translation(args: argparse.Namespace) -> int:
                                    max_length=args.max_length or 128, epochs=args.epochs or 30.0,
                                    max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
                                    eval_every=args.eval_every, eval_beams=args.eval_beams, seed=args.seed,
-                                   max_eval_sentences=args.max_eval_samples, progress=args.progress)
+                                   max_eval_sentences=args.max_eval_samples, progress=args.progress,
+                                   save_every=args.save_every, resume=args.resume)
     print(json.dumps(summary))
     return 0

@@ -85,6 +85,19 @@ class BatchStream:
         self.pos = {int(s): dict(p) for s, p in state["pos"].items()}
         self._iters = {}
 
+    def load_rank_states(self, states: list[dict]) -> None:
+        """Resume from the states of a run with another number of processes (the same data slices dealt
+        differently): each slice continues where its owner left it. `turn` is always the number of batches
+        taken from the owned slices (one per call, round robin), so it is their sum."""
+        pos = {int(s): dict(p) for state in states for s, p in state["pos"].items()}
+        missing = [s for s in self.owned if s not in pos]
+        if missing:
+            raise ValueError(f"{self.name}: the checkpoint has no position for data slice {missing[0]}; "
+                             f"resume with the same data.slices ({len(pos)})")
+        self.pos = {s: pos[s] for s in self.owned}
+        self.turn = sum(p["batches"] for p in self.pos.values())
+        self._iters = {}
+
 
 def fixed_batches(shards: list[Shard], examples: ExamplesFn, collate: CollateFn, batch_size: int, *,
                   seed: int = 0, max_batches: int = 50) -> list[dict]:

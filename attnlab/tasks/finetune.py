@@ -151,7 +151,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              max_train_samples: int | None = None, max_eval_samples: int | None = None,
              holdout: int | None = None, freeze_embeddings: bool = True, progress: bool = True,
              log_every: int = 50, from_scratch: bool = False, student_layers: int | None = None,
-             distill=None) -> dict:
+             distill=None, save_every: int = 0, resume: bool = False, parallel: str = "ddp") -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Without a validation file the task's default is used, else `holdout`
@@ -163,7 +163,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     student_layers: task distillation (Sanh et al. 2019, §3 applied to a task): `model` is a model already
     fine-tuned on `task`, the teacher; a student of `student_layers` layers starts from every other teacher
     layer (and the teacher's head) and learns from the teacher's soft targets at temperature T, the labels
-    and the teacher's last hidden states (`distill`, a DistillConfig)."""
+    and the teacher's last hidden states (`distill`, a DistillConfig).
+
+    save_every: also write a training checkpoint (weights, AdamW, schedule, RNG, data position, best so
+    far) to `output`/checkpoints every N steps, so that `resume=True` continues a killed run exactly.
+    parallel: "ddp" or "fsdp" under torchrun (each process takes its share of every batch)."""
     from ..interop import load_tokenizer
     from ..interop.files import atomic_write
     from ..training import TrainArgs, Trainer
@@ -231,16 +235,23 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         net.backbone.embeddings.tok.weight.requires_grad_(False)
 
     lengths, pad_id = [len(f["input_ids"]) for f in feats], tokenizer.pad_token_id
+    from ..training.trainer import distributed_context
+    rank, world, _ = distributed_context()
+    # under torchrun every process takes its share of each batch (the global batch is batch_size); a batch
+    # that does not divide evenly weighs each process's mean equally, a batch smaller than the number of
+    # processes gives the short ones its last example again
     data = EpochBatches(lambda epoch: length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch),
-                        lambda idx: collate([feats[i] for i in idx], pad_id))
+                        lambda idx: collate([feats[i] for i in (idx[rank::world] or idx[-1:])], pad_id))
     steps_per_epoch = len(data)
     total = max(1, math.ceil(steps_per_epoch * epochs))
     print(f"finetune {task.name}: {total} steps = {epochs:g} epochs of {steps_per_epoch} batches of {batch_size}, "
           f"lr {lr:g}", file=sys.stderr, flush=True)
-    (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
+    if not resume:
+        (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
     args = TrainArgs(output_dir=str(output), max_steps=total, lr=lr, warmup_steps=int(total * warmup_ratio),
                      schedule="linear", weight_decay=weight_decay, eps=1e-8, clip_norm=1.0, seed=seed,
-                     eval_every=eval_every or steps_per_epoch, log_every=log_every, keep_last=0,
+                     eval_every=eval_every or steps_per_epoch, log_every=log_every,
+                     save_every=save_every, keep_last=2 if save_every else 0, resume=resume, parallel=parallel,
                      progress=progress, best_metric=task.main_metric, patience=patience or 0)
 
     def on_best(model, record: dict) -> None:  # the best checkpoint is the one kept, in the output itself

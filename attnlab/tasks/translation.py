@@ -196,7 +196,8 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
                          epochs: float = 30.0, max_steps: int | None = None, max_minutes: float | None = None,
                          warmup: int | None = None, lr_factor: float = 1.0, eval_every: int | None = None,
                          eval_beams: int = 1, max_eval_sentences: int | None = None, seed: int = 42,
-                         log_every: int = 50, threads: int | None = None, progress: bool = True) -> dict:
+                         log_every: int = 50, threads: int | None = None, progress: bool = True,
+                         save_every: int = 0, resume: bool = False) -> dict:
     """Train an encoder-decoder from scratch (`model` = a preset name, resized by `overrides`) or
     further (`model` = a directory with a tokenizer) on a parallel corpus. The checkpoint with the best
     validation BLEU is written to `output` with its tokenizer; metrics.jsonl logs the run, metrics.json
@@ -246,13 +247,15 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     warmup = warmup or int(cfg.extra.get("warmup_steps", 4000))
     beta1, beta2 = (float(b) for b in cfg.extra.get("adam_betas", (0.9, 0.98)))
     tok.save(output)
-    (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
+    if not resume:
+        (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
     args = TrainArgs(output_dir=str(output), max_steps=total, max_minutes=max_minutes or 0.0,
                      lr=inverse_sqrt_lr(warmup, cfg.hidden_size, warmup, lr_factor),  # the peak, at step = warmup
                      schedule="inverse_sqrt", warmup_steps=warmup, weight_decay=0.0,  # AdamW without decay = Adam
                      beta1=beta1, beta2=beta2, eps=float(cfg.extra.get("adam_eps", 1e-9)), clip_norm=1.0,
                      eval_every=(eval_every or steps_per_epoch) if valid is not None else 0, log_every=log_every,
-                     keep_last=0, seed=seed, progress=progress, best_metric="bleu" if valid is not None else "")
+                     save_every=save_every, keep_last=2 if save_every else 0, resume=resume,  # see finetune()
+                     seed=seed, progress=progress, best_metric="bleu" if valid is not None else "")
     scores: dict = {}   # the full sacreBLEU result of the latest validation (the Trainer keeps numbers only)
     best: dict = {}
     start = time.time()

@@ -93,18 +93,29 @@ def save_checkpoint(output_dir: Path, step: int, model, state: dict, keep_last: 
         _fsync_tree(tmp)
     except OSError as err:  # e.g. ENOSPC: free what was written, keep every finished checkpoint
         shutil.rmtree(tmp, ignore_errors=True)
-        good = list_checkpoints(output_dir)
-        last = f"the last good checkpoint, {good[-1]}, is intact" if good else "no earlier checkpoint exists"
-        failure = CheckpointWriteError(f"could not write checkpoint {final}: {err.strerror or err}; {last}")
-        failure.errno = err.errno
-        raise failure from err
+        raise write_error(output_dir, final, err.strerror or str(err), err.errno) from err
+    return publish(tmp, final, step, keep_last)
+
+
+def write_error(output_dir: Path, final: Path, why: str, errno: int | None) -> CheckpointWriteError:
+    """The one line a failed checkpoint write stops the run with: which checkpoint, why, and the last good one."""
+    good = list_checkpoints(output_dir)
+    last = f"the last good checkpoint, {good[-1]}, is intact" if good else "no earlier checkpoint exists"
+    failure = CheckpointWriteError(f"could not write checkpoint {final}: {why}; {last}")
+    failure.errno = errno
+    return failure
+
+
+def publish(tmp: Path, final: Path, step: int, keep_last: int) -> Path:
+    """Rename a complete temporary checkpoint into place (one atomic step), then prune to `keep_last`."""
+    root = final.parent
     _test_pause(step)
     if final.exists():  # the same step saved again (e.g. a new run in an old directory)
         _remove(final, root)
     os.replace(tmp, final)
     _fsync_dir(root)
     if keep_last > 0:
-        finished = [p for p in list_checkpoints(output_dir) if p != final]
+        finished = [p for p in list_checkpoints(root.parent) if p != final]
         for old in finished[:max(len(finished) - (keep_last - 1), 0)]:
             _remove(old, root)
         _fsync_dir(root)

@@ -254,6 +254,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
     metrics = trainer.train()
     if rank == 0:
         write_summary(cfg, model, trainer, metrics, ceiling, world)
+    model = trainer.full_model()  # train.parallel=fsdp: gathered from the shards (every rank takes part)
     if rank == 0:
         # OUTPUT/model: weights + config + tokenizer in one directory, which every command takes as
         # MODEL (generate, viz, finetune, info) without digging through checkpoints/

@@ -27,7 +27,9 @@ weight or AdamW-moment update; the step count and learning-rate schedule still a
 Exact resume: a checkpoint holds weights, optimizer, scheduler, step, RNG states and the data position
 (`train_data.state_dict()` when the iterable has one, else the number of batches consumed, which are
 skipped on resume). Under `torchrun` the model is wrapped in DistributedDataParallel (gloo on CPU,
-nccl on CUDA); each rank brings its own data (see attnlab.data.stream.BatchStream).
+nccl on CUDA); each rank brings its own data (see attnlab.data.stream.BatchStream). With
+`parallel="fsdp"` it is sharded instead (attnlab.training.parallel: fully_shard, checkpoints written
+with torch.distributed.checkpoint, which resume with a different number of processes).
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ import torch.distributed as dist
 
 from ..interop.files import atomic_write
 from ..interop.native import save_model
+from . import parallel
 from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .optim import SCHEDULES, build_optimizer
 
@@ -79,6 +82,7 @@ class TrainArgs:
     best_metric: str = ""              # e.g. "accuracy": keep the model that scores best on eval_<best_metric>
     greater_is_better: bool = True
     patience: int = 0                  # > 0: stop after this many evaluations without a new best
+    parallel: str = "ddp"              # ddp | fsdp: how several processes (torchrun) share the model
 
     def validate(self) -> None:
         def positive(name):
@@ -98,6 +102,8 @@ class TrainArgs:
             raise ValueError(f"train.nan_policy={self.nan_policy!r}: expected stop or skip")
         if self.max_skips < 0:
             raise ValueError(f"train.max_skips={self.max_skips} must not be negative")
+        if self.parallel not in parallel.PARALLEL:
+            raise ValueError(f"train.parallel={self.parallel!r}: expected one of {', '.join(parallel.PARALLEL)}")
         if self.patience < 0:
             raise ValueError(f"train.patience={self.patience} must not be negative")
         if self.patience and not self.best_metric:
@@ -139,7 +145,12 @@ class Trainer:
         torch.manual_seed(args.seed)
         self.model = model.to(self.device)
         self.ddp = None
-        if self.world > 1:
+        self.fsdp = args.parallel == "fsdp"
+        if self.fsdp and self.world > 1:
+            units = parallel.shard(self.model)
+            if self.is_main:
+                print(f"train.parallel=fsdp: {units} units sharded over {self.world} processes", file=sys.stderr)
+        elif self.world > 1:
             self.ddp = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if cuda else None)
         self.optimizer, self.scheduler = build_optimizer(
@@ -213,6 +224,10 @@ class Trainer:
         if self.args.keep_last == 0:
             return None
         state = self.state_dict()  # a collective under DDP: every rank takes part
+        if self.fsdp:
+            del state["optimizer"]  # in the DCP files, sharded
+            return parallel.save_sharded(self.output, self.step, self.model, self.optimizer, state,
+                                         self.args.keep_last, self.rank, self.world)
         path = None
         if self.is_main:
             path = save_checkpoint(self.output, self.step, self.model, state, self.args.keep_last)
@@ -225,20 +240,32 @@ class Trainer:
         path = path or (found[-1] if found else None)
         if path is None:
             return False
-        state = load_checkpoint(path, self.model)
-        if state["world_size"] != self.world:
-            raise ValueError(f"{path}: saved with {state['world_size']} processes, resuming with {self.world}; "
-                             "an exact resume needs the same number")
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            state = parallel.load_sharded(path, self.model, self.optimizer)
+        else:
+            if (path / "dcp").is_dir():
+                raise ValueError(f"{path}: written with train.parallel=fsdp (dcp/); resume it with train.parallel=fsdp")
+            state = load_checkpoint(path, self.model)
+            if state["world_size"] != self.world:
+                raise ValueError(f"{path}: saved with {state['world_size']} processes, resuming with {self.world}; "
+                                 "DDP checkpoints resume with the same number (train.parallel=fsdp ones with any)")
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self.skips = state.get("skips", 0)
         self.best, self.evals_since_best = state.get("best", {}), state.get("evals_since_best", 0)
-        mine = state["ranks"][self.rank]
+        # another world size (FSDP): the RNG of the saved rank with this number, or of the last one (with
+        # dropout the random streams differ from an uninterrupted run); the data position is re-dealt
+        mine = state["ranks"][min(self.rank, len(state["ranks"]) - 1)]
         torch.set_rng_state(mine["torch_rng"])
-        if mine["cuda_rng"] is not None:
+        if mine["cuda_rng"] is not None and state["world_size"] == self.world:
             torch.cuda.set_rng_state(mine["cuda_rng"], self.device)
-        if hasattr(self.train_data, "load_state_dict"):
+        if state["world_size"] != self.world:
+            if not hasattr(self.train_data, "load_rank_states"):
+                raise ValueError(f"{path}: saved with {state['world_size']} processes, resuming with {self.world}, "
+                                 f"but the training data ({type(self.train_data).__name__}) cannot be re-dealt")
+            self.train_data.load_rank_states([r["data"] for r in state["ranks"]])
+        elif hasattr(self.train_data, "load_state_dict"):
             self.train_data.load_state_dict(mine["data"])
         if self.is_main and (self.output / "metrics.jsonl").exists():  # drop lines logged after the checkpoint
             kept = [line for line in (self.output / "metrics.jsonl").read_text().splitlines()
@@ -281,11 +308,17 @@ class Trainer:
             return {}
         self.model.eval()
         sums: dict[str, torch.Tensor] = {}
-        for i, batch in enumerate(self.eval_data):
+        batches = list(self.eval_data)
+        rounds = math.ceil(len(batches) / self.world) * self.world if self.fsdp else len(batches)
+        for i in range(rounds):
             if i % self.world != self.rank:
                 continue
+            # a sharded forward is a collective: a rank without a batch of its own in the last round
+            # still runs one (and discards it), so every rank gathers the same blocks the same number of times
             with self._autocast():
-                _, part = self._call_loss(self.model, self._to_device(batch))
+                _, part = self._call_loss(self.model, self._to_device(batches[i % len(batches)]))
+            if i >= len(batches):
+                continue
             for k, v in part.items():
                 sums[k] = sums.get(k, 0) + torch.as_tensor(v, dtype=torch.float64, device=self.device)
         if self.world > 1:
@@ -337,8 +370,9 @@ class Trainer:
                     (loss / args.grad_accum).backward()
                 loss_sum += float(loss.detach())
             loss_value = self._mean_over_ranks(loss_sum / args.grad_accum)  # the same on every rank
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm) \
-                if args.clip_norm > 0 else None
+            norm = None
+            if args.clip_norm > 0:  # sharded gradients give a DTensor norm: local_norm makes it a plain number
+                norm = parallel.local_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm))
             lr = self.optimizer.param_groups[0]["lr"]
             skipped = not math.isfinite(loss_value) or (norm is not None and not bool(torch.isfinite(norm)))
             if skipped:
@@ -385,6 +419,11 @@ class Trainer:
         return self.last_eval
 
 
+    def full_model(self):
+        """The trained model whole, on rank 0 (None on the others under FSDP): what a run saves for
+        `attnlab.load`. Every rank must call it (FSDP gathers the shards)."""
+        return parallel.full_model(self.model, self.rank)
+
     def _evaluated(self, metrics: dict[str, float], bar) -> bool:
         """Log an evaluation and keep the best model; True when early stopping says stop."""
         if not metrics:
@@ -399,10 +438,11 @@ class Trainer:
             old = self.best.get(key)
             if old is None or (metrics[key] > old if args.greater_is_better else metrics[key] < old):
                 self.best, self.evals_since_best = {"step": self.step, **metrics}, 0
+                model = self.full_model()  # a collective under FSDP
                 if self.is_main and self.on_best is not None:
-                    self.on_best(self.model, self.best)
+                    self.on_best(model, self.best)
                 elif self.is_main:
-                    _save_best(self.model, self.output)
+                    _save_best(model, self.output)
             else:
                 self.evals_since_best += 1
             bar.set_postfix(**{args.best_metric: f"{metrics[key]:.4f}", "best": f"{self.best[key]:.4f}"})

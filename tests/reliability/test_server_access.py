@@ -229,3 +229,34 @@ def test_unusable_certificate_is_one_line_before_loading(tmp_path, saved_model, 
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and expected in err and err.startswith("attnlab serve: error:"), err
     assert not loads
+
+
+def test_the_key_is_compared_in_constant_time(monkeypatch):
+    """Every guarded request goes through hmac.compare_digest (time independent of where the bytes differ),
+    never `==`, whatever the key sent: a spy sees each comparison and its verdict is the only one used."""
+    import asyncio
+    import hmac
+
+    from attnlab.serve import auth
+    seen, real = [], hmac.compare_digest
+
+    def spy(a, b):
+        seen.append((a, b))
+        return real(a, b)
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
+    passed = []
+
+    async def app(scope, receive, send):
+        passed.append(scope["path"])
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+    guard = auth.ApiKeyAuth(app, KEY)
+    for value in (f"Bearer {KEY}", f"Bearer {WRONG}", f"Bearer {KEY}x", KEY):
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+                 "headers": [(b"authorization", value.encode())]}
+        asyncio.run(guard(scope, None, send))
+    assert [a for a, _ in seen] == [v.encode() for v in (f"Bearer {KEY}", f"Bearer {WRONG}", f"Bearer {KEY}x", KEY)]
+    assert all(b == f"Bearer {KEY}".encode() for _, b in seen)
+    assert passed == ["/v1/completions"] and [m["status"] for m in sent if "status" in m] == [401, 401, 401]

@@ -141,3 +141,74 @@ def test_soak(served, expected):
           f"kinds {out['kinds']}; cancelled mid-stream {m['engine']['cancelled']}; RSS MB "
           + ", ".join(f"{k}: {v:.1f}" for k, v in sorted(rss.items())))
     assert rss[total] <= 1.10 * rss[100], rss
+
+
+def test_the_same_load_with_faults_at_random_steps(served, expected, decoder):  # noqa: F811
+    """The load above (64 clients, 1,000 mixed requests, hang-ups) while 3% of forward passes raise at random
+    (seeded): no request hangs (each has a bound), a completed one has exactly its own answer, a failed one a
+    500 naming the fault (a stream: an error event after a prefix of its own text, then [DONE]); afterwards the
+    pool is full, nothing is queued or running, and the engine counted each fault."""
+    from test_server_faults import Fault
+    s, app = served
+    texts, vectors = expected
+    before = dict(app.state.engine.stats)
+    failed: list[int] = []
+
+    async def one_or_fault(client, i):
+        kind, prompt, n = plan(i)
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0}
+        if kind == "embed":
+            r = await client.post("/v1/embeddings", json={"input": prompt})
+            if r.status_code == 500 and "injected fault" in r.text:
+                return failed.append(i)
+            assert r.status_code == 200 and np.allclose(r.json()["data"][0]["embedding"], vectors[prompt], atol=1e-5), i
+        elif kind == "complete":
+            r = await client.post("/v1/completions", json=body)
+            if r.status_code == 500 and "injected fault" in r.json()["error"]["message"]:
+                return failed.append(i)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts[prompt, n], (i, r.text)
+        else:
+            async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                if r.status_code == 500:
+                    return failed.append(i)
+                assert r.status_code == 200
+                pieces, errors, done = [], [], False
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if kind == "hangup":
+                        return
+                    if line == "data: [DONE]":
+                        done = True
+                        break
+                    event = json.loads(line[6:])
+                    (errors.append(event["error"]) if "error" in event else
+                     pieces.append(event["choices"][0]["text"]))
+            text = "".join(pieces)
+            assert done, i
+            if errors:
+                assert errors[0]["code"] == 500 and texts[prompt, n].startswith(text.rstrip("\ufffd")), (i, text)
+                return failed.append(i)
+            assert text == texts[prompt, n], (i, text)
+
+    total, counter = 1000, iter(range(1000))
+
+    async def client_loop():
+        async with httpx.AsyncClient(base_url=s.url, timeout=httpx.Timeout(120.0)) as client:
+            for i in counter:
+                await asyncio.wait_for(one_or_fault(client, i), 120)  # a hang fails here
+
+    fault = Fault(decoder, rate=0.03, seed=99)
+    try:
+        async def go():
+            await asyncio.gather(*[client_loop() for _ in range(CLIENTS)])
+        asyncio.run(go())
+    finally:
+        fault.remove()
+    m = check_drained(s.url, total)
+    print(f"\n{total} requests, {fault.raised} forward passes raised, {len(failed)} requests failed")
+    assert fault.raised >= 2 and 0 < len(failed) < total
+    embed_failed = sum(plan(i)[0] == "embed" for i in failed)
+    # each fault fails one engine step or one embeddings request, and the engine counted its own
+    assert m["engine"]["failed_steps"] - before["failed_steps"] + embed_failed == fault.raised
+    assert m["engine"]["failed_requests"] - before["failed_requests"] >= len(failed) - embed_failed

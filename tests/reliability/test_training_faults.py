@@ -97,6 +97,22 @@ def optimizer_tensors(checkpoint: Path) -> dict:
     return {f"{i}.{k}": v for i, s in state.items() for k, v in s.items()}
 
 
+def kill_when(proc: subprocess.Popen, ready, settle: float, what: str, timeout: float = 120) -> None:
+    """SIGKILL `proc` `settle` seconds after `ready()` first holds; fails when the run ends before that."""
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if ready():
+                time.sleep(settle)
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, f"{what}: the run ended first: {proc.stderr.read()[-2000:]}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpus, tmp_path):
     recipe = write_recipe(corpus, tmp_path / "recipe.yaml")
     straight = launch(recipe, tmp_path / "straight")  # alongside the interrupted one
@@ -108,22 +124,12 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpu
             in_save = k == 2  # this kill lands inside a checkpoint write: temporary complete, not yet renamed
             proc = launch(recipe, out, *(["--resume"] if k else []),
                           env={"ATTNLAB_TEST_CHECKPOINT_PAUSE": f"{target}:60"} if in_save else None)
-            deadline = time.time() + 120
-            try:
-                while time.time() < deadline and proc.poll() is None:
-                    if in_save:
-                        if list((out / "checkpoints").glob(f".tmp-step-{target:06d}-*/trainer.pt")):
-                            time.sleep(0.2)
-                            break
-                    elif last_logged_step(out) >= target:
-                        time.sleep(rng.uniform(0, 0.06))  # somewhere in the forward, backward, eval or save
-                        break
-                    time.sleep(0.01)
-                assert proc.poll() is None, f"kill {k}: the run ended first: {proc.stderr.read()[-2000:]}"
-            finally:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-            assert proc.returncode == -signal.SIGKILL
+            if in_save:
+                pattern = f".tmp-step-{target:06d}-*/trainer.pt"  # the temporary is complete
+                ready, settle = lambda: bool(list((out / "checkpoints").glob(pattern))), 0.2
+            else:  # somewhere in the forward, backward, eval or save
+                ready, settle = lambda: last_logged_step(out) >= target, rng.uniform(0, 0.06)
+            kill_when(proc, ready, settle, f"kill {k}")
             found = ckpt.list_checkpoints(out)
             if in_save:  # the half-done checkpoint is there but invisible; the previous one is the newest
                 assert list((out / "checkpoints").glob(f".tmp-step-{target:06d}-*"))

@@ -1,0 +1,145 @@
+"""The Trainer's fault guarantees hold for `attnlab finetune` (a GLUE task) and `attnlab finetune translation`:
+a run SIGKILLed at a random moment and once inside a checkpoint write, then resumed with --resume, ends
+equal to an uninterrupted run (the kept best model, the last checkpoint's weights and every metrics line);
+a full disk while writing a checkpoint leaves the last one intact, stops with one line, and --resume goes on
+from it. Tiny models and data (a 2-layer 32-wide BERT on 120 SST-2 lines; a 1-layer 16-wide Transformer on
+32 sentence pairs), real processes, real SIGKILL."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import attnlab
+from attnlab.cli import main as cli_main
+from attnlab.config import ModelConfig
+from attnlab.training import checkpoint as ckpt
+from test_trainer import _single_thread  # noqa: F401  (autouse: one intra-op thread, the machine is shared)
+from test_training_faults import assert_same_tensors, kill_when
+
+REPO = Path(__file__).resolve().parents[2]
+TIMING = ("tokens_per_s", "elapsed_s")
+
+
+@pytest.fixture(scope="module")
+def jobs(data_dir: Path, tmp_path_factory) -> dict[str, list[str]]:
+    """The two commands (without --output), on files written here."""
+    root = tmp_path_factory.mktemp("ft-faults")
+    model = attnlab.from_config(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                            dropout=0.1, attention_dropout=0.1))  # dropout: the RNG must resume too
+    model.save(root / "tiny")
+    attnlab.load_tokenizer("minilm").save(root / "tiny")
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines()
+    (root / "train.tsv").write_text("\n".join(lines[:121]) + "\n")
+    (root / "dev.tsv").write_text("\n".join([lines[0], *lines[200:240]]) + "\n")
+    src = ["a dog runs", "two men sit", "a cat sleeps", "the sun is hot"] * 8
+    tgt = ["ein hund läuft", "zwei männer sitzen", "eine katze schläft", "die sonne ist heiß"] * 8
+    (root / "s.txt").write_text("\n".join(src) + "\n")
+    (root / "t.txt").write_text("\n".join(tgt) + "\n")
+    every = ["--save-every", "1", "--seed", "1", "--no-progress"]
+    return {
+        "sst2": ["finetune", "sst2", "--model", str(root / "tiny"), "--train", str(root / "train.tsv"),
+                 "--valid", str(root / "dev.tsv"), "--epochs", "2", "--batch-size", "8", "--lr", "1e-3",
+                 "--max-length", "32", "--eval-every", "5", *every],  # 15 steps an epoch, 30 in all
+        "translation": ["finetune", "translation", "--train-src", str(root / "s.txt"), "--train-tgt",
+                        str(root / "t.txt"), "--valid-src", str(root / "s.txt"), "--valid-tgt", str(root / "t.txt"),
+                        "--set", "hidden_size=16", "--set", "num_layers=1", "--set", "num_heads=2",
+                        "--set", "intermediate_size=32", "--set", "dropout=0.1", "--vocab-size", "120",
+                        "--max-tokens", "64", "--epochs", "3", "--warmup", "2", "--eval-every", "4", *every],
+    }
+
+
+def launch(argv: list[str], out: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "attnlab", *argv, "--output", str(out), *extra], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def newest_step(out: Path) -> int:
+    found = ckpt.list_checkpoints(out)
+    return int(found[-1].name.split("-")[1]) if found else 0
+
+
+def metrics(out: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(next(path.glob("*.safetensors"))))
+
+
+@pytest.mark.parametrize("job", ["sst2", "translation"])
+def test_sigkill_then_resume_equals_an_uninterrupted_run(jobs, tmp_path, job):
+    argv = jobs[job]
+    straight = launch(argv, tmp_path / "straight")
+    out, rng = tmp_path / "killed", random.Random(7)
+    try:
+        for k, target in enumerate([rng.randint(3, 6), rng.randint(9, 12)]):
+            in_save = k == 1  # the second kill lands inside a checkpoint write (temporary complete, not renamed)
+            proc = launch(argv, out, *(["--resume"] if k else []),
+                          env={"ATTNLAB_TEST_CHECKPOINT_PAUSE": f"{target}:60"} if in_save else None)
+            if in_save:
+                pattern = f".tmp-step-{target:06d}-*/trainer.pt"  # the temporary is complete
+                ready, settle = lambda: bool(list((out / "checkpoints").glob(pattern))), 0.0
+            else:  # somewhere in a step, an evaluation or a save
+                ready, settle = lambda: newest_step(out) >= target, rng.uniform(0, 0.1)
+            kill_when(proc, ready, settle, f"kill {k}")
+            if in_save:  # the half-written checkpoint is invisible: the newest is the step before
+                assert newest_step(out) == target - 1
+        done = launch(argv, out, "--resume")
+        _, err = done.communicate(timeout=300)
+        assert done.returncode == 0, err[-3000:]
+        _, err = straight.communicate(timeout=300)
+        assert straight.returncode == 0, err[-3000:]
+    finally:
+        straight.kill()
+        straight.wait()
+    a, b = tmp_path / "straight", out
+    assert_same_tensors(tensors(a), tensors(b))  # the kept best model
+    last_a, last_b = ckpt.list_checkpoints(a)[-1], ckpt.list_checkpoints(b)[-1]
+    assert last_a.name == last_b.name
+    assert_same_tensors(tensors(last_a / "model"), tensors(last_b / "model"))  # the weights after the last step
+    assert metrics(a) == metrics(b)  # every evaluation logged once, with the same scores
+    assert sum("loss" in r for r in metrics(b)) >= 1 and sum(k.startswith("eval_") for r in metrics(b) for k in r) >= 2
+    summary = json.loads((b / "metrics.json").read_text())
+    assert summary["steps"] == newest_step(b)
+
+
+@pytest.mark.parametrize("job", ["sst2", "translation"])
+def test_a_full_disk_keeps_the_last_checkpoint_and_stops_with_one_line(jobs, tmp_path, monkeypatch, capsys, job):
+    real, calls = ckpt.torch.save, []
+
+    def full_disk(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:  # the third checkpoint's trainer state
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, **k)
+
+    monkeypatch.setattr(ckpt.torch, "save", full_disk)
+    out = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = cli_main([*jobs[job], "--output", str(out)])
+    monkeypatch.undo()
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code == 1
+    second, third = out / "checkpoints" / "step-000002", out / "checkpoints" / "step-000003"
+    assert errors == [f"attnlab finetune: error: could not write checkpoint {third}: No space left on device; "
+                      f"the last good checkpoint, {second}, is intact"]
+    assert ckpt.list_checkpoints(out)[-1] == second
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp")]  # the temporary was removed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = cli_main([*jobs[job], "--output", str(out), "--resume"])
+    assert code == 0 and "resumed from step 2" in capsys.readouterr().err  # the kept checkpoint loads
+    assert newest_step(out) > 3
