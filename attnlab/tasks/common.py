@@ -61,6 +61,9 @@ class EpochBatches:
 
     def __iter__(self):
         batches = self.plan(self.epoch)
+        if self.position >= len(batches):  # resumed from a checkpoint taken just after an epoch's last batch
+            self.epoch, self.position = self.epoch + 1, 0
+            batches = self.plan(self.epoch)
         while self.position < len(batches):
             idx = batches[self.position]
             self.position += 1

@@ -143,3 +143,25 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_stops_with_one_line(jobs, tmp
         code = cli_main([*jobs[job], "--output", str(out), "--resume"])
     assert code == 0 and "resumed from step 2" in capsys.readouterr().err  # the kept checkpoint loads
     assert newest_step(out) > 3
+
+
+def test_a_position_saved_after_the_last_batch_of_an_epoch_resumes_with_the_next_epoch():
+    """The checkpoint after an epoch's last batch holds {"epoch": e, "position": len}; iterating the
+    restored batches must give epoch e + 1's first batch, as the uninterrupted run does (it once gave
+    nothing, and the Trainer stopped with "train_data produced no batches")."""
+    from attnlab.tasks.common import EpochBatches
+
+    def plan(epoch):
+        order = list(range(6))
+        random.Random(epoch).shuffle(order)
+        return [order[:3], order[3:]]
+
+    straight = EpochBatches(plan, list)
+    taken = [b for _ in range(2) for b in straight]  # two whole epochs
+    first = EpochBatches(plan, list)
+    it = iter(first)
+    taken_then_killed = [next(it), next(it)]
+    resumed = EpochBatches(plan, list)
+    resumed.load_state_dict(first.state_dict())
+    assert first.state_dict() == {"epoch": 0, "position": 2}
+    assert taken_then_killed + list(resumed) == taken
