@@ -62,7 +62,7 @@ def _build() -> ctypes.CDLL:
             os.replace(tmp_so, out)
     lib = ctypes.CDLL(str(out))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.ggml_matmul.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p, p]
+    lib.ggml_matmul.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
     lib.ggml_rows.argtypes = [ctypes.c_int, p, i64, p, i64, p]
     return lib
 
@@ -130,15 +130,17 @@ class BlockLinear(nn.Module):
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("BlockLinear is inference-only (no gradients through quantized blocks)")
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.to(torch.float32).contiguous()
         m = x2.size(0)
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        xsum = torch.empty(m, self.in_features // 32, dtype=torch.float32)
         lib.ggml_matmul(self.kind, x2.data_ptr(), m, self.in_features, self.blocks.data_ptr(), self.out_features,
-                        out.data_ptr(), xsum.data_ptr())
+                        out.data_ptr())
         if self.bias is not None:
             out += self.bias
-        return out.view(*shape[:-1], self.out_features).to(x.dtype)
+        out = out.view(*shape[:-1], self.out_features)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def dequantize_rows(blocks: torch.Tensor, kind: int, cols: int, ids: torch.Tensor) -> torch.Tensor:

@@ -44,15 +44,22 @@ static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); re
  * values d*q + m form a 16-float table and vpermps picks from it by the nibble (it reads only the low 4
  * bits of each index), so dequantizing costs one fma, one widen and two permutes per block. */
 AI void unpack(int kind, const uint8_t *blk, __m512 iota, __m512 *w0, __m512 *w1) {
-    const float d = h2f(rd16(blk));
     if (kind == 8) {
+        const float d = h2f(rd16(blk));
         const __m512 vd = _mm512_set1_ps(d);
         *w0 = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
         *w1 = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
         return;
     }
-    const float m = kind == 3 ? h2f(rd16(blk + 2)) : -8.f * d;
-    const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota, _mm512_set1_ps(m));
+    __m512 table;
+    if (kind == 3) {  /* d and m are adjacent halves: one conversion for both */
+        uint32_t dm; memcpy(&dm, blk, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
+        table = _mm512_fmadd_ps(_mm512_broadcastss_ps(f), iota, _mm512_broadcastss_ps(_mm_movehdup_ps(f)));
+    } else {
+        const float d = h2f(rd16(blk));
+        table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota, _mm512_set1_ps(-8.f * d));
+    }
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (kind == 3 ? 4 : 2))));
     *w0 = _mm512_permutexvar_ps(v, table);
     *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
@@ -93,8 +100,7 @@ AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const 
     }
 }
 
-int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out, float *xsum) {
-    (void)xsum;
+int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     if (K % 32) return -1;
     if (kind == 2) matmul_kind(2, x, M, K, w, N, out);
     else if (kind == 3) matmul_kind(3, x, M, K, w, N, out);
@@ -103,7 +109,7 @@ int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w
     return 0;
 }
 #else  /* portable C: the compiler vectorizes what it can */
-static inline float row_q4(const uint8_t *row, const float *x, const float *xsum, int nb, int q41) {
+static inline float row_q4(const uint8_t *row, const float *x, int nb, int q41) {
     const int bs = q41 ? 20 : 18;
     float s = 0.f;
     for (int b = 0; b < nb; b++) {
@@ -111,9 +117,12 @@ static inline float row_q4(const uint8_t *row, const float *x, const float *xsum
         const float d = h2f(rd16(blk));
         const uint8_t *qs = blk + (q41 ? 4 : 2);
         const float *xb = x + 32 * b;
-        float t = 0.f;  /* sum(q_j x_j), q unsigned 0..15 */
-        for (int j = 0; j < 16; j++) t += (float)(qs[j] & 15) * xb[j] + (float)(qs[j] >> 4) * xb[j + 16];
-        s += d * t + (q41 ? h2f(rd16(blk + 2)) : -8.f * d) * xsum[b];
+        float t = 0.f, xs = 0.f;  /* sum(q_j x_j) with q unsigned 0..15, and sum(x_j) */
+        for (int j = 0; j < 16; j++) {
+            t += (float)(qs[j] & 15) * xb[j] + (float)(qs[j] >> 4) * xb[j + 16];
+            xs += xb[j] + xb[j + 16];
+        }
+        s += d * t + (q41 ? h2f(rd16(blk + 2)) : -8.f * d) * xs;
     }
     return s;
 }
@@ -131,23 +140,16 @@ static inline float row_q8(const uint8_t *row, const float *x, int nb) {
 }
 
 /* kind: 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (GGML type ids). xsum: scratch of M * K/32 floats. Returns 0 or -1. */
-int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out, float *xsum) {
+int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     if (K % 32) return -1;
     const int nb = (int)(K / 32);
     if (kind == 2 || kind == 3) {
         const int q41 = kind == 3;
         const size_t row_bytes = (size_t)nb * (q41 ? 20 : 18);
-        for (int64_t m = 0; m < M; m++)
-            for (int b = 0; b < nb; b++) {
-                const float *xb = x + m * K + 32 * b;
-                float s = 0.f;
-                for (int j = 0; j < 32; j++) s += xb[j];
-                xsum[m * nb + b] = s;
-            }
         /* rows of W outer so each weight row is read from memory once and reused by all M inputs */
         for (int64_t n = 0; n < N; n++) {
             const uint8_t *row = w + n * row_bytes;
-            for (int64_t m = 0; m < M; m++) out[m * N + n] = row_q4(row, x + m * K, xsum + m * nb, nb, q41);
+            for (int64_t m = 0; m < M; m++) out[m * N + n] = row_q4(row, x + m * K, nb, q41);
         }
         return 0;
     }
