@@ -273,8 +273,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None, q
                              f"device={device})")
         # copy-on-write map: torch wants a writable buffer; nothing writes, so no page is ever copied
         cow = np.memmap(str(path), dtype=np.uint8, mode="c")
-    with torch.device("meta"):
-        model = CausalLM(cfg)
+    model = _skeleton(CausalLM, cfg)
     expected = dict(model.named_parameters())
     tensors: dict[str, torch.Tensor] = {}
     blocks: dict[str, tuple[torch.Tensor, int]] = {}  # our weight name -> (block rows, GGML type)
@@ -286,12 +285,10 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None, q
                 unexpected.append(name)
             continue
         shape = tuple(int(d) for d in reversed(dims))
-        if shape != expected[ours].shape:
-            raise CheckpointError(f"{source}: tensor {name!r} has shape {shape}, "
-                                  f"expected {tuple(expected[ours].shape)} for {ours}")
         heads = (cfg.num_heads if ours.endswith("attn.q.weight") else
                  cfg.kv_heads if ours.endswith("attn.k.weight") else None)
         if quantized and kind in q.BLOCK_TYPES and len(shape) == 2:
+            _check_shape(source, name, shape, expected[ours], ours)
             raw = reader.tensor_bytes(name, dims, kind, offset)  # bounds-checked view of the header's mmap
             start = raw.ctypes.data - reader.buf.ctypes.data
             w = torch.from_numpy(cow[start:start + raw.size].reshape(raw.shape))
@@ -300,6 +297,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None, q
             blocks[ours] = (w, kind)
             continue
         w = torch.from_numpy(_dequantize(reader, name, dims, kind, offset))
+        _check_shape(source, name, tuple(w.shape), expected[ours], ours)
         if heads is not None:
             w = unpermute_rope(w, heads)
         tensors[ours] = w
@@ -321,6 +319,28 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None, q
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def _check_shape(source: str, name: str, shape: tuple, param: torch.Tensor, ours: str) -> None:
+    if shape != tuple(param.shape):
+        raise CheckpointError(f"{source}: tensor {name!r} has shape {shape}, expected {tuple(param.shape)} for {ours}")
+
+
+def _skeleton(cls, cfg):
+    """`cls(cfg)` with uninitialized parameters: the file provides the values. Built on the CPU with every
+    initializer skipped, so the untouched allocations never become resident; not on the meta device,
+    whose ops (normal_, arange) run through torch's Python reference kernels and import torch._dynamo
+    and sympy on first use (+70 MB resident for nothing)."""
+    from torch.nn import init
+    names = ("normal_", "uniform_", "zeros_", "ones_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_")
+    saved = {n: getattr(init, n) for n in names}
+    try:
+        for n in names:
+            setattr(init, n, lambda tensor, *args, **kwargs: tensor)
+        return cls(cfg)
+    finally:
+        for n, f in saved.items():
+            setattr(init, n, f)
 
 
 def _install_blocks(model, blocks: dict, tensors: dict) -> None:
