@@ -9,6 +9,7 @@ import torch
 
 import attnlab
 from attnlab.inference.generate import generate
+from attnlab.inference.kv_cache import KVCache
 from attnlab.nn import quantized as q
 
 gguf = pytest.importorskip("gguf")
@@ -84,5 +85,20 @@ def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
     with torch.inference_mode():
         assert (quant(ids).logits - fp32(ids).logits).abs().max().item() <= 1e-4
         assert torch.equal(generate(quant, ids, max_new_tokens=12), generate(fp32, ids, max_new_tokens=12))
+        # batch 1 decodes through the one-call C step (block_step.py); the module path must agree with it
+        from attnlab.inference.block_step import BlockSteps, supported
+        assert supported(quant) and not supported(fp32)
+        one = ids[:1]
+        assert torch.equal(generate(quant, one, max_new_tokens=20), generate(fp32, one, max_new_tokens=20))
+        steps, cache = BlockSteps(quant, 9 + 3), KVCache(2, max_length=12)
+        logits_c = [steps(one)]
+        logits_m = [quant(one, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]]
+        for t in (7, 100):
+            nxt = torch.tensor([[t]])
+            logits_c.append(steps(nxt))
+            logits_m.append(quant(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1])
+        assert steps.ptrs is not None  # the C step ran
+        for a, b in zip(logits_c, logits_m):
+            assert (a - b).abs().max().item() <= 1e-4
     with pytest.raises(ValueError, match="quantized=True runs fp32 activations on the CPU"):
         attnlab.load(tmp_path / "tiny.gguf", quantized=True, dtype=torch.bfloat16)

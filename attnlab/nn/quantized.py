@@ -55,7 +55,7 @@ def _build() -> ctypes.CDLL:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, rename: safe for parallel runs
             tmp_so = Path(tmp) / out.name
-            cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp_so), str(_SOURCE)]
+            cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp_so), str(_SOURCE), "-lm"]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode:
                 raise OSError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-400:]}")
@@ -64,6 +64,8 @@ def _build() -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.ggml_matmul.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
     lib.ggml_rows.argtypes = [ctypes.c_int, p, i64, p, i64, p]
+    i32, f32 = ctypes.c_int, ctypes.c_float
+    lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
     return lib
 
 

@@ -192,3 +192,87 @@ int ggml_rows(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t
     }
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------------------
+ * One decoding step of a LLaMA-style stack (pre-RMSNorm, rotary "rotate half" positions, grouped-query
+ * attention, SwiGLU) for one token, every layer in one call: at batch 1 a step is ~300 small operations,
+ * and dispatching each from Python costs more than its arithmetic. Same math as attnlab's modules, in fp32:
+ *   h = x + W_o attn(rope(W_q n1), rope(W_k n1), W_v n1),  n1 = rmsnorm(x)
+ *   x' = h + W_down (silu(W_gate n2) * W_up n2),            n2 = rmsnorm(h)
+ * ptrs holds 11 pointers per layer: attn_norm, ffn_norm, the blocks of q, k, v, o, gate, up, down, and the
+ * layer's key and value caches, each (kv_heads, cap, head_dim) fp32; kinds holds the 7 GGML types.
+ * The new key/value go to column `pos`; attention spans columns 0..pos. cos/sin: head_dim values at pos.
+ * scratch: at least 2*hidden + 2*heads*hd + 2*kv_heads*hd + cap + 2*ffn floats.
+ */
+#include <math.h>
+
+static void rmsnorm(const float *x, const float *w, float eps, int n, float *out) {
+    float ss = 0.f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+static void rope(float *v, int nh, int hd, const float *cs, const float *sn) {
+    const int h2 = hd / 2;
+    for (int h = 0; h < nh; h++) {
+        float *p = v + h * hd;
+        for (int i = 0; i < h2; i++) {
+            const float a = p[i], b = p[i + h2];
+            p[i] = a * cs[i] - b * sn[i];
+            p[i + h2] = b * cs[i + h2] + a * sn[i + h2];
+        }
+    }
+}
+
+static inline float dotf(const float *a, const float *b, int n) {
+    float s = 0.f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int hidden, int heads, int kv_heads,
+                      int hd, int ffn, float eps, float scale, int64_t cap, int64_t pos, const float *cs,
+                      const float *sn, float *scratch) {
+    if (pos >= cap || heads % kv_heads) return -1;
+    float *n1 = scratch, *q = n1 + hidden, *k = q + heads * hd, *v = k + kv_heads * hd, *att = v + kv_heads * hd,
+          *o = att + heads * hd, *sc = o + hidden, *g = sc + cap, *u = g + ffn;
+    const int groups = heads / kv_heads, qn = heads * hd, kn = kv_heads * hd;
+    for (int l = 0; l < n_layers; l++) {
+        void **P = ptrs + 11 * l;
+        const int *K = kinds + 7 * l;
+        float *kc = (float *)P[9], *vc = (float *)P[10];
+        rmsnorm(x, (const float *)P[0], eps, hidden, n1);
+        if (ggml_matmul(K[0], n1, 1, hidden, (const uint8_t *)P[2], qn, q) ||
+            ggml_matmul(K[1], n1, 1, hidden, (const uint8_t *)P[3], kn, k) ||
+            ggml_matmul(K[2], n1, 1, hidden, (const uint8_t *)P[4], kn, v)) return -1;
+        rope(q, heads, hd, cs, sn);
+        rope(k, kv_heads, hd, cs, sn);
+        for (int gi = 0; gi < kv_heads; gi++) {
+            memcpy(kc + (gi * cap + pos) * hd, k + gi * hd, hd * sizeof(float));
+            memcpy(vc + (gi * cap + pos) * hd, v + gi * hd, hd * sizeof(float));
+        }
+        for (int h = 0; h < heads; h++) {
+            const float *kh = kc + (int64_t)(h / groups) * cap * hd, *vh = vc + (int64_t)(h / groups) * cap * hd;
+            const float *qh = q + h * hd;
+            float mx = -INFINITY, sum = 0.f;
+            for (int64_t t = 0; t <= pos; t++) { sc[t] = scale * dotf(qh, kh + t * hd, hd); if (sc[t] > mx) mx = sc[t]; }
+            for (int64_t t = 0; t <= pos; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
+            float *ah = att + h * hd;
+            for (int i = 0; i < hd; i++) ah[i] = 0.f;
+            for (int64_t t = 0; t <= pos; t++) {
+                const float p = sc[t] / sum, *vt = vh + t * hd;
+                for (int i = 0; i < hd; i++) ah[i] += p * vt[i];
+            }
+        }
+        if (ggml_matmul(K[3], att, 1, qn, (const uint8_t *)P[5], hidden, o)) return -1;
+        for (int i = 0; i < hidden; i++) x[i] += o[i];
+        rmsnorm(x, (const float *)P[1], eps, hidden, n1);
+        if (ggml_matmul(K[4], n1, 1, hidden, (const uint8_t *)P[6], ffn, g) ||
+            ggml_matmul(K[5], n1, 1, hidden, (const uint8_t *)P[7], ffn, u)) return -1;
+        for (int i = 0; i < ffn; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        if (ggml_matmul(K[6], g, 1, ffn, (const uint8_t *)P[8], hidden, o)) return -1;
+        for (int i = 0; i < hidden; i++) x[i] += o[i];
+    }
+    return 0;
+}
