@@ -108,6 +108,9 @@ def generate_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     if compile:
         from .compiled import static_decoder
         next_logits = static_decoder(model).session(input_ids, mask, max_new_tokens)
+    elif b == 1 and mask is None and _block_steps_apply(model):
+        from .block_step import BlockSteps
+        next_logits = BlockSteps(model, input_ids.size(1) + max_new_tokens)
     else:
         next_logits = _EagerSteps(model, mask, input_ids.size(1) + max_new_tokens)
     seqs = input_ids  # grows only when the repetition penalty needs the history
@@ -142,6 +145,15 @@ def generate_tokens(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         step_input = token[:, None]
         if repetition_penalty != 1.0:
             seqs = torch.cat([seqs, step_input], dim=1)
+
+
+def _block_steps_apply(model) -> bool:
+    """A GGUF model kept quantized decodes through one C call per token (`block_step.py`)."""
+    lm_head = getattr(model, "lm_head", None)
+    if type(lm_head).__name__ != "BlockLinear":  # cheap test first: no import for ordinary models
+        return False
+    from .block_step import supported
+    return supported(model)
 
 
 class _EagerSteps:

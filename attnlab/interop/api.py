@@ -17,17 +17,20 @@ from .registry import FAMILIES
 
 
 def load(name_or_path: str | Path, architecture: str | None = None, dtype=None, device=None,
-         extra: dict | None = None) -> Model:
+         extra: dict | None = None, quantized: bool = False) -> Model:
     """Load a model directory in the Hugging Face layout (config.json + safetensors / pytorch_model.bin),
     attnlab's own layout (attnlab_config.json), or a llama.cpp `.gguf` file (dequantized to fp32).
 
     `architecture` chooses the head wrapper (e.g. "BertForPreTraining"); default: what config.json says.
     `extra` adds values to config.extra before the model is built (id2label for a new classifier head).
+    `quantized=True` (.gguf only) keeps Q4_0/Q4_1/Q8_0 weights as their blocks (inference on the CPU).
     """
     path = resolve(name_or_path)
     if path.suffix.lower() == ".gguf":  # llama.cpp's single file: config, weights and tokenizer
         from .gguf import load_gguf
-        return load_gguf(path, dtype=dtype, device=device)
+        return load_gguf(path, dtype=dtype, device=device, quantized=quantized)
+    if quantized:
+        raise ValueError(f"{name_or_path}: quantized=True applies to .gguf files only")
     if not (path / "config.json").exists() and (path / NATIVE_CONFIG).exists():  # no HF family fits it
         model = load_native(path, extra)
         return (model.to(dtype) if dtype is not None else model).to(device or "cpu").eval()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..config import ConfigError, ModelConfig
 from .files import CheckpointError
@@ -248,52 +249,125 @@ def unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None):
-    """A `CausalLM` with the file's weights dequantized to fp32 (then cast to `dtype` if given)."""
+def _our_name(name: str) -> str | None:
+    for pat, template in _PATTERNS:
+        m = pat.match(name)
+        if m:
+            return template.replace("{i}", m.group(1)) if m.groups() else template
+    return None
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None, quantized: bool = False):
+    """A `CausalLM` with the file's weights dequantized to fp32 (then cast to `dtype` if given).
+
+    quantized=True keeps Q4_0/Q4_1/Q8_0 matrices as their blocks, memory-mapped from the file, in
+    `BlockLinear`/`BlockEmbedding` modules (attnlab/nn/quantized.py): no fp32 copy of them is ever made.
+    Inference only, fp32 activations, CPU; other tensor types (norms, F16/F32 matrices) load as fp32."""
     from ..models.decoder import CausalLM
     path = Path(path)
     source = str(path)
     cfg = gguf_config(path)
     reader = _reader(str(path.resolve()))
-    with torch.device("meta"):
-        model = CausalLM(cfg)
+    if quantized:
+        from ..nn import quantized as q
+        if not q.available():
+            raise RuntimeError(f"{source}: quantized loading needs the block kernels, which could not be built "
+                               f"({q.why_unavailable()}); load with quantized=False")
+        if dtype not in (None, torch.float32) or (device is not None and torch.device(device).type != "cpu"):
+            raise ValueError(f"{source}: quantized=True runs fp32 activations on the CPU (got dtype={dtype}, "
+                             f"device={device})")
+        # copy-on-write map: torch wants a writable buffer; nothing writes, so no page is ever copied
+        cow = np.memmap(str(path), dtype=np.uint8, mode="c")
+    model = _skeleton(CausalLM, cfg)
     expected = dict(model.named_parameters())
     tensors: dict[str, torch.Tensor] = {}
+    blocks: dict[str, tuple[torch.Tensor, int]] = {}  # our weight name -> (block rows, GGML type)
     unexpected = []
     for name, dims, kind, offset in reader.tensors:
-        ours = None
-        for pat, template in _PATTERNS:
-            m = pat.match(name)
-            if m:
-                ours = template.replace("{i}", m.group(1)) if m.groups() else template
-                break
+        ours = _our_name(name)
         if ours is None or ours not in expected:
             if name not in IGNORED:
                 unexpected.append(name)
             continue
+        shape = tuple(int(d) for d in reversed(dims))
+        heads = (cfg.num_heads if ours.endswith("attn.q.weight") else
+                 cfg.kv_heads if ours.endswith("attn.k.weight") else None)
+        if quantized and kind in q.BLOCK_TYPES and len(shape) == 2:
+            _check_shape(source, name, shape, expected[ours], ours)
+            raw = reader.tensor_bytes(name, dims, kind, offset)  # bounds-checked view of the header's mmap
+            start = raw.ctypes.data - reader.buf.ctypes.data
+            w = torch.from_numpy(cow[start:start + raw.size].reshape(raw.shape))
+            if heads is not None:  # whole rows move, so the blocks permute like the dequantized rows
+                w = unpermute_rope(w, heads).contiguous()
+            blocks[ours] = (w, kind)
+            continue
         w = torch.from_numpy(_dequantize(reader, name, dims, kind, offset))
-        if ours.endswith("attn.q.weight"):
-            w = unpermute_rope(w, cfg.num_heads)
-        elif ours.endswith("attn.k.weight"):
-            w = unpermute_rope(w, cfg.kv_heads)
-        if w.shape != expected[ours].shape:
-            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(w.shape)}, "
-                                  f"expected {tuple(expected[ours].shape)} for {ours}")
+        _check_shape(source, name, tuple(w.shape), expected[ours], ours)
+        if heads is not None:
+            w = unpermute_rope(w, heads)
         tensors[ours] = w
     if unexpected:
         raise CheckpointError(f"{source}: tensors with no counterpart in a {cfg.model_type} model: "
                               + ", ".join(unexpected[:6]))
-    missing = [k for k in expected if k not in tensors and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    missing = [k for k in expected if k not in tensors and k not in blocks
+               and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing:
         raise CheckpointError(f"{source}: missing tensors for " + ", ".join(missing[:6]))
+    if blocks:
+        _install_blocks(model, blocks, tensors)
     model.load_state_dict(tensors, strict=False, assign=True)
     model.backbone.rope = type(model.backbone.rope)(cfg.rotary_dim, cfg.rope_theta)  # rebuild buffer off meta
-    model.tie_weights()
+    if not blocks:
+        model.tie_weights()
     if dtype is not None:
         model = model.to(dtype)
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def _check_shape(source: str, name: str, shape: tuple, param: torch.Tensor, ours: str) -> None:
+    if shape != tuple(param.shape):
+        raise CheckpointError(f"{source}: tensor {name!r} has shape {shape}, expected {tuple(param.shape)} for {ours}")
+
+
+def _skeleton(cls, cfg):
+    """`cls(cfg)` with uninitialized parameters: the file provides the values. Built on the CPU with every
+    initializer skipped, so the untouched allocations never become resident; not on the meta device,
+    whose ops (normal_, arange) run through torch's Python reference kernels and import torch._dynamo
+    and sympy on first use (+70 MB resident for nothing)."""
+    from torch.nn import init
+    names = ("normal_", "uniform_", "zeros_", "ones_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_")
+    saved = {n: getattr(init, n) for n in names}
+    try:
+        for n in names:
+            setattr(init, n, lambda tensor, *args, **kwargs: tensor)
+        return cls(cfg)
+    finally:
+        for n, f in saved.items():
+            setattr(init, n, f)
+
+
+def _install_blocks(model, blocks: dict, tensors: dict) -> None:
+    """Swap the modules whose weight stayed in blocks for their quantized counterparts (the tied LM head
+    shares the embedding's blocks); a quantized embedding that cannot be gathered rowwise is an error."""
+    from ..nn.quantized import BlockEmbedding, BlockLinear
+    emb_name = "backbone.embeddings.tok.weight"
+    cfg = model.config
+    if cfg.tie_word_embeddings and emb_name in blocks:
+        blocks.setdefault("lm_head.weight", blocks[emb_name])
+    elif cfg.tie_word_embeddings and emb_name in tensors:  # fp32 embedding, tied head: plain tying
+        tensors["lm_head.weight"] = tensors[emb_name]
+    for ours, (w, kind) in blocks.items():
+        parent_name, _, _ = ours.rpartition(".")  # "....attn.q" of "....attn.q.weight"
+        owner_name, _, attr = parent_name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        old = getattr(owner, attr)
+        if isinstance(old, nn.Embedding):
+            new = BlockEmbedding(w, kind, old.num_embeddings, old.embedding_dim)
+        else:
+            new = BlockLinear(w, kind, old.in_features, old.out_features, name=ours)
+        setattr(owner, attr, new)
 
 
 # ----------------------------------------------------------------------------------- tokenizer

@@ -1,0 +1,278 @@
+/* Matrix products straight from llama.cpp's block-quantized weights (GGUF Q4_0, Q4_1, Q8_0), fp32 activations.
+ *
+ * Part of attnlab (attnlab/nn/quantized.py builds it with the machine's C compiler and calls it via ctypes).
+ * Written from the published GGUF block layouts, 32 weights per block:
+ *   Q4_0: fp16 d, 16 bytes of nibbles          w = d * (q - 8)    q in 0..15
+ *   Q4_1: fp16 d, fp16 m, 16 bytes of nibbles  w = d * q + m      q in 0..15
+ *   Q8_0: fp16 d, 32 int8                      w = d * q
+ * Nibble order: byte j holds weight j (low 4 bits) and weight j + 16 (high 4 bits).
+ *
+ * Why a kernel of our own: a decoding step reads every weight once, so its speed is bytes moved. Each
+ * weight is read as its 4.5-8.5 bits and widened in registers; the dot product runs in fp32 on the
+ * fp32 activations (no activation quantization), so results match the dequantized fp32 model to
+ * rounding. The per-block offset folds out of the inner loop: sum_j (d q_j + m) x_j = d (q . x) + m sum(x).
+ *
+ * out (M, N) = x (M, K) @ W^T, W (N, K) given as N rows of K/32 blocks.
+ */
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+static inline float h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {            /* zero or subnormal */
+        if (man == 0) bits = sign;
+        else { exp = 127 - 15 + 1; while (!(man & 0x400)) { man <<= 1; exp--; } man &= 0x3ff;
+               bits = sign | (exp << 23) | (man << 13); }
+    } else if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f; memcpy(&f, &bits, 4); return f;
+#endif
+}
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+
+#if defined(__AVX512F__)
+#define AI static inline __attribute__((always_inline))
+/* One block's 32 weights as two fp32 vectors (weights 0..15, 16..31). For 4-bit blocks the 16 possible
+ * values d*q + m form a 16-float table and vpermps picks from it by the nibble (it reads only the low 4
+ * bits of each index), so dequantizing costs one fma, one widen and two permutes per block. */
+AI void unpack(int kind, const uint8_t *blk, __m512 iota, __m512 *w0, __m512 *w1) {
+    if (kind == 8) {
+        const float d = h2f(rd16(blk));
+        const __m512 vd = _mm512_set1_ps(d);
+        *w0 = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
+        *w1 = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
+        return;
+    }
+    __m512 table;
+    if (kind == 3) {  /* d and m are adjacent halves: one conversion for both */
+        uint32_t dm; memcpy(&dm, blk, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
+        table = _mm512_fmadd_ps(_mm512_broadcastss_ps(f), iota, _mm512_broadcastss_ps(_mm_movehdup_ps(f)));
+    } else {
+        const float d = h2f(rd16(blk));
+        table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota, _mm512_set1_ps(-8.f * d));
+    }
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (kind == 3 ? 4 : 2))));
+    *w0 = _mm512_permutexvar_ps(v, table);
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+}
+
+/* NR weight rows x MR activation rows at once: NR*MR independent accumulators hide the fma latency
+ * (batch 1 uses 4 weight rows; longer inputs reuse each unpacked block for 8 activation rows). */
+AI void tile(int kind, const uint8_t *w, size_t row_bytes, int bs, int nb, const float *x, int64_t K,
+             float *out, int64_t N, const int NR, const int MR) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[4][8];
+    for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        for (int r = 0; r < NR; r++) {
+            __m512 w0, w1;
+            unpack(kind, w + r * row_bytes + (size_t)b * bs, iota, &w0, &w1);
+            for (int i = 0; i < MR; i++) {
+                const float *xb = x + i * K + 32 * b;
+                acc[r][i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb), acc[r][i]));
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int i = 0; i < MR; i++) out[i * N + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    const int nb = (int)(K / 32), bs = kind == 2 ? 18 : kind == 3 ? 20 : 34;
+    const size_t rb = (size_t)nb * bs;
+    int64_t m0 = 0;
+    for (; m0 + 8 <= M; m0 += 8)  /* x rows outer: 8 rows of x stay in L1 while W streams */
+        for (int64_t n = 0; n < N; n++) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 1, 8);
+    for (; m0 < M; m0++) {
+        int64_t n = 0;
+        for (; n + 4 <= N; n += 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 4, 1);
+        for (; n < N; n++) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 1, 1);
+    }
+}
+
+int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    if (K % 32) return -1;
+    if (kind == 2) matmul_kind(2, x, M, K, w, N, out);
+    else if (kind == 3) matmul_kind(3, x, M, K, w, N, out);
+    else if (kind == 8) matmul_kind(8, x, M, K, w, N, out);
+    else return -1;
+    return 0;
+}
+#else  /* portable C: the compiler vectorizes what it can */
+static inline float row_q4(const uint8_t *row, const float *x, int nb, int q41) {
+    const int bs = q41 ? 20 : 18;
+    float s = 0.f;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (size_t)b * bs;
+        const float d = h2f(rd16(blk));
+        const uint8_t *qs = blk + (q41 ? 4 : 2);
+        const float *xb = x + 32 * b;
+        float t = 0.f, xs = 0.f;  /* sum(q_j x_j) with q unsigned 0..15, and sum(x_j) */
+        for (int j = 0; j < 16; j++) {
+            t += (float)(qs[j] & 15) * xb[j] + (float)(qs[j] >> 4) * xb[j + 16];
+            xs += xb[j] + xb[j + 16];
+        }
+        s += d * t + (q41 ? h2f(rd16(blk + 2)) : -8.f * d) * xs;
+    }
+    return s;
+}
+
+static inline float row_q8(const uint8_t *row, const float *x, int nb) {
+    float s = 0.f;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (size_t)b * 34;
+        const int8_t *q = (const int8_t *)(blk + 2);
+        float t = 0.f;
+        for (int j = 0; j < 32; j++) t += (float)q[j] * x[32 * b + j];
+        s += h2f(rd16(blk)) * t;
+    }
+    return s;
+}
+
+/* kind: 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (GGML type ids). xsum: scratch of M * K/32 floats. Returns 0 or -1. */
+int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    if (K % 32) return -1;
+    const int nb = (int)(K / 32);
+    if (kind == 2 || kind == 3) {
+        const int q41 = kind == 3;
+        const size_t row_bytes = (size_t)nb * (q41 ? 20 : 18);
+        /* rows of W outer so each weight row is read from memory once and reused by all M inputs */
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *row = w + n * row_bytes;
+            for (int64_t m = 0; m < M; m++) out[m * N + n] = row_q4(row, x + m * K, nb, q41);
+        }
+        return 0;
+    }
+    if (kind == 8) {
+        const size_t row_bytes = (size_t)nb * 34;
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *row = w + n * row_bytes;
+            for (int64_t m = 0; m < M; m++) out[m * N + n] = row_q8(row, x + m * K, nb);
+        }
+        return 0;
+    }
+    return -1;
+}
+#endif
+
+/* Dequantize rows `ids` (n of them) of a (rows, K) quantized matrix into out (n, K): an embedding lookup. */
+int ggml_rows(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, float *out) {
+    if (K % 32) return -1;
+    const int nb = (int)(K / 32);
+    const int bs = kind == 2 ? 18 : kind == 3 ? 20 : kind == 8 ? 34 : 0;
+    if (!bs) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = w + ids[i] * (int64_t)nb * bs;
+        float *o = out + i * K;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bs;
+            const float d = h2f(rd16(blk));
+            if (kind == 8) {
+                const int8_t *q = (const int8_t *)(blk + 2);
+                for (int j = 0; j < 32; j++) o[32 * b + j] = d * (float)q[j];
+            } else {
+                const float m = kind == 3 ? h2f(rd16(blk + 2)) : -8.f * d;
+                const uint8_t *qs = blk + (kind == 3 ? 4 : 2);
+                for (int j = 0; j < 16; j++) {
+                    o[32 * b + j] = d * (float)(qs[j] & 15) + m;
+                    o[32 * b + j + 16] = d * (float)(qs[j] >> 4) + m;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * One decoding step of a LLaMA-style stack (pre-RMSNorm, rotary "rotate half" positions, grouped-query
+ * attention, SwiGLU) for one token, every layer in one call: at batch 1 a step is ~300 small operations,
+ * and dispatching each from Python costs more than its arithmetic. Same math as attnlab's modules, in fp32:
+ *   h = x + W_o attn(rope(W_q n1), rope(W_k n1), W_v n1),  n1 = rmsnorm(x)
+ *   x' = h + W_down (silu(W_gate n2) * W_up n2),            n2 = rmsnorm(h)
+ * ptrs holds 11 pointers per layer: attn_norm, ffn_norm, the blocks of q, k, v, o, gate, up, down, and the
+ * layer's key and value caches, each (kv_heads, cap, head_dim) fp32; kinds holds the 7 GGML types.
+ * The new key/value go to column `pos`; attention spans columns 0..pos. cos/sin: head_dim values at pos.
+ * scratch: at least 2*hidden + 2*heads*hd + 2*kv_heads*hd + cap + 2*ffn floats.
+ */
+#include <math.h>
+
+static void rmsnorm(const float *x, const float *w, float eps, int n, float *out) {
+    float ss = 0.f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+static void rope(float *v, int nh, int hd, const float *cs, const float *sn) {
+    const int h2 = hd / 2;
+    for (int h = 0; h < nh; h++) {
+        float *p = v + h * hd;
+        for (int i = 0; i < h2; i++) {
+            const float a = p[i], b = p[i + h2];
+            p[i] = a * cs[i] - b * sn[i];
+            p[i + h2] = b * cs[i + h2] + a * sn[i + h2];
+        }
+    }
+}
+
+static inline float dotf(const float *a, const float *b, int n) {
+    float s = 0.f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int hidden, int heads, int kv_heads,
+                      int hd, int ffn, float eps, float scale, int64_t cap, int64_t pos, const float *cs,
+                      const float *sn, float *scratch) {
+    if (pos >= cap || heads % kv_heads) return -1;
+    float *n1 = scratch, *q = n1 + hidden, *k = q + heads * hd, *v = k + kv_heads * hd, *att = v + kv_heads * hd,
+          *o = att + heads * hd, *sc = o + hidden, *g = sc + cap, *u = g + ffn;
+    const int groups = heads / kv_heads, qn = heads * hd, kn = kv_heads * hd;
+    for (int l = 0; l < n_layers; l++) {
+        void **P = ptrs + 11 * l;
+        const int *K = kinds + 7 * l;
+        float *kc = (float *)P[9], *vc = (float *)P[10];
+        rmsnorm(x, (const float *)P[0], eps, hidden, n1);
+        if (ggml_matmul(K[0], n1, 1, hidden, (const uint8_t *)P[2], qn, q) ||
+            ggml_matmul(K[1], n1, 1, hidden, (const uint8_t *)P[3], kn, k) ||
+            ggml_matmul(K[2], n1, 1, hidden, (const uint8_t *)P[4], kn, v)) return -1;
+        rope(q, heads, hd, cs, sn);
+        rope(k, kv_heads, hd, cs, sn);
+        for (int gi = 0; gi < kv_heads; gi++) {
+            memcpy(kc + (gi * cap + pos) * hd, k + gi * hd, hd * sizeof(float));
+            memcpy(vc + (gi * cap + pos) * hd, v + gi * hd, hd * sizeof(float));
+        }
+        for (int h = 0; h < heads; h++) {
+            const float *kh = kc + (int64_t)(h / groups) * cap * hd, *vh = vc + (int64_t)(h / groups) * cap * hd;
+            const float *qh = q + h * hd;
+            float mx = -INFINITY, sum = 0.f;
+            for (int64_t t = 0; t <= pos; t++) { sc[t] = scale * dotf(qh, kh + t * hd, hd); if (sc[t] > mx) mx = sc[t]; }
+            for (int64_t t = 0; t <= pos; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
+            float *ah = att + h * hd;
+            for (int i = 0; i < hd; i++) ah[i] = 0.f;
+            for (int64_t t = 0; t <= pos; t++) {
+                const float p = sc[t] / sum, *vt = vh + t * hd;
+                for (int i = 0; i < hd; i++) ah[i] += p * vt[i];
+            }
+        }
+        if (ggml_matmul(K[3], att, 1, qn, (const uint8_t *)P[5], hidden, o)) return -1;
+        for (int i = 0; i < hidden; i++) x[i] += o[i];
+        rmsnorm(x, (const float *)P[1], eps, hidden, n1);
+        if (ggml_matmul(K[4], n1, 1, hidden, (const uint8_t *)P[6], ffn, g) ||
+            ggml_matmul(K[5], n1, 1, hidden, (const uint8_t *)P[7], ffn, u)) return -1;
+        for (int i = 0; i < ffn; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        if (ggml_matmul(K[6], g, 1, ffn, (const uint8_t *)P[8], hidden, o)) return -1;
+        for (int i = 0; i < hidden; i++) x[i] += o[i];
+    }
+    return 0;
+}

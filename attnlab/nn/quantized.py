@@ -1,0 +1,178 @@
+"""Linear layers and embeddings that keep llama.cpp's block-quantized weights (Q4_0, Q4_1, Q8_0) as they
+are in the file and multiply with them directly, instead of holding a dequantized fp32 copy.
+
+SmolLM2-135M Q4_1 is 92 MB of blocks but 538 MB as fp32; a decoding step reads every weight once, so
+reading 4.5-bit blocks instead of 32-bit floats is most of the speed-up at batch 1. The products run in
+`csrc/ggml_blocks.c` (fp32 activations, blocks widened in registers; see its header for the layouts),
+built once per machine with the system C compiler (about a second, `cc -O3 -march=native`) into
+`~/.cache/attnlab/kernels/` (or $ATTNLAB_CACHE/kernels) and called through ctypes. With no C compiler,
+`available()` is False and GGUF files load dequantized to fp32 as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# GGML type id -> (name, bytes per block of 32 weights)
+BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
+_SOURCE = Path(__file__).with_name("csrc") / "ggml_blocks.c"
+_lib = None
+_error: str | None = None
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ATTNLAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "attnlab")
+    return Path(root) / "kernels"
+
+
+def _cpu_key() -> str:
+    """-march=native code is only valid on this CPU model: key the cached build on the CPU's flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def _build() -> ctypes.CDLL:
+    src = _SOURCE.read_bytes()
+    tag = hashlib.sha256(src + _cpu_key().encode()).hexdigest()[:16]
+    out = _cache_dir() / f"ggml_blocks-{tag}.so"
+    if not out.exists():
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if cc is None:
+            raise OSError("no C compiler (cc/gcc/clang) found")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, rename: safe for parallel runs
+            tmp_so = Path(tmp) / out.name
+            cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp_so), str(_SOURCE), "-lm"]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode:
+                raise OSError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-400:]}")
+            os.replace(tmp_so, out)
+    lib = ctypes.CDLL(str(out))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.ggml_matmul.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
+    lib.ggml_rows.argtypes = [ctypes.c_int, p, i64, p, i64, p]
+    i32, f32 = ctypes.c_int, ctypes.c_float
+    lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
+    return lib
+
+
+def kernels():
+    """The compiled kernels (built on first use), or None when they cannot be built (see `why_unavailable`)."""
+    global _lib, _error
+    if _lib is None and _error is None:
+        try:
+            _lib = _build()
+        except OSError as err:
+            _error = str(err)
+    return _lib
+
+
+def available() -> bool:
+    return kernels() is not None
+
+
+def why_unavailable() -> str | None:
+    kernels()
+    return _error
+
+
+def _check_blocks(blocks: torch.Tensor, kind: int, rows: int, cols: int, what: str) -> None:
+    if kind not in BLOCK_TYPES:
+        raise ValueError(f"{what}: GGML type {kind} is not a supported block type "
+                         f"({', '.join(n for n, _ in BLOCK_TYPES.values())})")
+    name, size = BLOCK_TYPES[kind]
+    if cols % 32:
+        raise ValueError(f"{what}: row length {cols} is not a multiple of the {name} block size 32")
+    want = (rows, cols // 32 * size)
+    if blocks.dtype != torch.uint8 or tuple(blocks.shape) != want or not blocks.is_contiguous():
+        raise ValueError(f"{what}: {name} blocks must be a contiguous uint8 tensor of shape {want}, "
+                         f"got {blocks.dtype} {tuple(blocks.shape)}")
+
+
+class BlockLinear(nn.Module):
+    """y = x W^T (+ bias) with W (out_features, in_features) stored as GGML blocks, one row of blocks per
+    output feature. `blocks` may be a view into a memory-mapped file: it is only ever read."""
+
+    def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, out_features: int,
+                 bias: torch.Tensor | None = None, name: str = "weight") -> None:
+        super().__init__()
+        _check_blocks(blocks, kind, out_features, in_features, name)
+        self.in_features, self.out_features, self.kind = in_features, out_features, kind
+        self.register_buffer("blocks", blocks, persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {BLOCK_TYPES[self.kind][0]}"
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized (out, in) fp32 matrix: built on each access, for inspection and tests only."""
+        return dequantize_rows(self.blocks, self.kind, self.in_features,
+                               torch.arange(self.out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lib = kernels()
+        if lib is None:
+            raise RuntimeError(f"quantized GGUF kernels unavailable: {_error}")
+        if x.size(-1) != self.in_features:
+            raise ValueError(f"BlockLinear: input has {x.size(-1)} features, expected {self.in_features}")
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError("BlockLinear is inference-only (no gradients through quantized blocks)")
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.to(torch.float32).contiguous()
+        m = x2.size(0)
+        out = torch.empty(m, self.out_features, dtype=torch.float32)
+        lib.ggml_matmul(self.kind, x2.data_ptr(), m, self.in_features, self.blocks.data_ptr(), self.out_features,
+                        out.data_ptr())
+        if self.bias is not None:
+            out += self.bias
+        out = out.view(*shape[:-1], self.out_features)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def dequantize_rows(blocks: torch.Tensor, kind: int, cols: int, ids: torch.Tensor) -> torch.Tensor:
+    """fp32 rows `ids` of a block-quantized (rows, cols) matrix, shape (*ids.shape, cols)."""
+    lib = kernels()
+    if lib is None:
+        raise RuntimeError(f"quantized GGUF kernels unavailable: {_error}")
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= blocks.size(0)):
+        raise IndexError(f"token id out of range [0, {blocks.size(0)})")
+    out = torch.empty(flat.numel(), cols, dtype=torch.float32)
+    lib.ggml_rows(kind, blocks.data_ptr(), cols, flat.data_ptr(), flat.numel(), out.data_ptr())
+    return out.view(*ids.shape, cols)
+
+
+class BlockEmbedding(nn.Module):
+    """A token embedding whose table stays in GGML blocks: each lookup dequantizes only the rows it needs."""
+
+    def __init__(self, blocks: torch.Tensor, kind: int, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        _check_blocks(blocks, kind, num_embeddings, embedding_dim, "token embedding")
+        self.num_embeddings, self.embedding_dim, self.kind = num_embeddings, embedding_dim, kind
+        self.register_buffer("blocks", blocks, persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {BLOCK_TYPES[self.kind][0]}"
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return dequantize_rows(self.blocks, self.kind, self.embedding_dim, torch.arange(self.num_embeddings))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize_rows(self.blocks, self.kind, self.embedding_dim, ids)

