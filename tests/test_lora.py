@@ -145,9 +145,9 @@ def test_targets_by_hf_or_attnlab_name_and_regex(tmp_path):
     a, b, c = attnlab.load(base), attnlab.load(base), attnlab.load(base)
     assert apply_lora(a, ["q_proj"]) == apply_lora(b, ["attn.q"]) == ["backbone.layers.0.attn.q", "backbone.layers.1.attn.q"]
     assert apply_lora(c, r"backbone\.layers\.1\.ffn\.(up|down)") == ["backbone.layers.1.ffn.up", "backbone.layers.1.ffn.down"]
-    save_adapter(c, tmp_path / "ad")  # a regex choice that suffixes cannot express is saved as a regex
+    save_adapter(c, tmp_path / "ad")  # only layer 1: the saved suffixes must not catch layer 0's
     config = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
-    assert isinstance(config["target_modules"], str) and "layers\\.1\\.mlp\\.up_proj" in config["target_modules"]
+    assert config["target_modules"] == ["1.mlp.down_proj", "1.mlp.up_proj"]
     with pytest.raises(ValueError, match="no linear layer matches"):
         apply_lora(attnlab.load(base), ["nonexistent"])
 

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--from-scratch", action="store_true",
                    help="same architecture and tokenizer as --model but random weights (the no-pretraining baseline)")
+    p.add_argument("--lora", metavar="r=8[,alpha=16,dropout=0.05,targets=q+v]",
+                   help="LoRA instead of full fine-tuning: only the adapters and the task head train; the adapter is "
+                        "written to OUTPUT/adapter in peft's layout, the merged model to OUTPUT")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
@@ -70,6 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.task == "translation":
+        if args.lora:
+            raise ValueError("finetune translation: --lora is for the encoder tasks (and attnlab sft for decoders)")
         return _translation(args)
     if not args.model:
         raise ValueError(f"finetune {args.task}: --model is required")
@@ -79,9 +84,14 @@ def run(args: argparse.Namespace) -> int:
                        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
-                       from_scratch=args.from_scratch)
+                       from_scratch=args.from_scratch, lora=_lora(args.lora))
     print(json.dumps(summary))
     return 0
+
+
+def _lora(spec: str | None) -> dict | None:
+    from ..nn.lora import parse_lora_spec
+    return parse_lora_spec(spec) if spec else None
 
 
 def _translation(args: argparse.Namespace) -> int:

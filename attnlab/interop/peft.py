@@ -23,7 +23,7 @@ from torch import nn
 
 from ..models.base import Model
 from ..nn.lora import (BottleneckLinear, LoRALinear, LoraSettings, add_bottleneck_adapters, add_lora,
-                       adapter_modules, is_adapter_parameter, linear_paths, mark_only_adapters_trainable,
+                       adapter_modules, is_adapter_parameter, linear_paths, mark_only_adapters_trainable, merge_lora,
                        target_matcher)
 from .files import CheckpointError, atomic_write, read_json
 from .names import NameTable, hf_name, tables_for
@@ -73,19 +73,48 @@ def apply_bottleneck(model: Model, targets: list[str] | str | None = None, size:
     return add_bottleneck_adapters(model, lambda p: match(p) or match(hf.get(p, p)), size, activation)
 
 
+def lora_for_training(model: Model, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+                      targets: list[str] | str | None = None, rslora: bool = False) -> int:
+    """LoRA on `targets`, everything else frozen except the task head (a classifier or span head is new
+    and must learn, as peft's task types do). Returns the number of trainable parameters."""
+    apply_lora(model, targets, r=r, alpha=alpha, dropout=dropout, rslora=rslora)
+    return mark_only_adapters_trainable(model, also=TASK_HEADS.get(_task_type(model), []))
+
+
+def merged_copy(model: Model) -> Model:
+    """A copy with every LoRA folded in and unwrapped: a plain model that saves in the HF layout."""
+    import copy
+    plain = copy.deepcopy(model)
+    merge_lora(plain, unload=True)
+    return plain
+
+
+def attach_adapter(model: Model, directory: str | Path) -> Model:
+    """Load an adapter for inference: LoRA is merged into the base weights (decoding costs what the base
+    model's does); bottleneck adapters stay as modules. `model` is changed in place and returned."""
+    load_adapter(model, directory)
+    merge_lora(model, unload=True)
+    return model.eval()
+
+
 def _task_type(model: Model) -> str | None:
     arch = getattr(model, "hf_architecture", "")
     return next((t for suffix, t in TASK_TYPES.items() if arch.endswith(suffix)), None)
 
 
-def _target_modules(chosen_hf: list[str], all_hf: list[str]) -> list[str] | str:
-    """peft's `target_modules`: the last names (e.g. ["q_proj", "v_proj"]) when they select exactly the
-    adapted modules among the model's Linears, else a regex matching exactly those paths."""
-    suffixes = sorted({p.rpartition(".")[2] for p in chosen_hf})
-    match = target_matcher(suffixes)
-    if {p for p in all_hf if match(p)} == set(chosen_hf):
-        return suffixes
-    return "|".join(re.escape(p) for p in sorted(chosen_hf))
+def _target_modules(chosen_hf: list[str], all_hf: list[str]) -> list[str]:
+    """peft's `target_modules`: for each adapted module the shortest path suffix that matches adapted
+    modules only ("query", but "intermediate.dense" where "dense" would also catch the output layers)."""
+    chosen, out = set(chosen_hf), set()
+    for path in chosen_hf:
+        parts = path.split(".")
+        for k in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-k:])
+            match = target_matcher([suffix])
+            if all(p in chosen for p in all_hf if match(p)):
+                out.add(suffix)
+                break
+    return sorted(out)
 
 
 def save_adapter(model: Model, directory: str | Path, modules_to_save: list[str] | tuple[str, ...] | None = None,

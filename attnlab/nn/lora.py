@@ -212,3 +212,24 @@ def unmerge_lora(model: nn.Module) -> None:
     for m in adapter_modules(model).values():
         if isinstance(m, LoRALinear):
             m.unmerge()
+
+
+def parse_lora_spec(spec: str) -> dict:
+    """The command line's `r=8,alpha=16,dropout=0.05,targets=q+v+ffn.up` (only r is required; alpha
+    defaults to 2r, the common choice, dropout to 0, targets to the query and value projections)."""
+    out: dict = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("r", "alpha", "dropout", "targets", "rslora"):
+            raise ValueError(f"--lora {spec!r}: {item!r} is not KEY=VALUE with KEY one of r, alpha, dropout, "
+                             "targets, rslora")
+        try:
+            out[key] = (int(value) if key == "r" else value.split("+") if key == "targets"
+                        else value.lower() in ("1", "true", "yes") if key == "rslora" else float(value))
+        except ValueError:
+            raise ValueError(f"--lora {spec!r}: {key}={value!r} is not a number") from None
+    if "r" not in out:
+        raise ValueError(f"--lora {spec!r}: the rank r is required, e.g. --lora r=8")
+    out.setdefault("alpha", 2.0 * out["r"])
+    LoraSettings(r=out["r"], alpha=out["alpha"], dropout=out.get("dropout", 0.0))  # validates
+    return out
