@@ -21,6 +21,7 @@ model's state-dict names do not change (`layers.0.attn.q.weight` stays, the adap
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Linear(settings.r, self.out_features, bias=False, device=w.device, dtype=w.dtype)
         self.lora_dropout = nn.Dropout(settings.dropout) if settings.dropout > 0 else nn.Identity()
         self.merged = False
+        self.disabled = False  # adapters_disabled(): the frozen base model, e.g. DPO's reference policy
         self.reset_lora()
 
     def reset_lora(self) -> None:
@@ -93,7 +95,7 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if self.merged:
+        if self.merged or self.disabled:
             return y
         return y + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
@@ -111,7 +113,7 @@ class BottleneckLinear(nn.Linear):
         if activation not in ("gelu", "relu", "silu"):
             raise ValueError(f"adapter: activation={activation!r}; expected gelu, relu or silu")
         w = base.weight
-        self.adapter_size, self.adapter_activation = size, activation
+        self.adapter_size, self.adapter_activation, self.disabled = size, activation, False
         self.adapter_down = nn.Linear(self.out_features, size, device=w.device, dtype=w.dtype)
         self.adapter_up = nn.Linear(size, self.out_features, device=w.device, dtype=w.dtype)
         # near-identity start (Houlsby et al. §2.1): small down-projection, zero up-projection
@@ -122,6 +124,8 @@ class BottleneckLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
+        if self.disabled:
+            return y
         act = getattr(F, self.adapter_activation)
         return y + self.adapter_up(act(self.adapter_down(y)))
 
@@ -206,6 +210,22 @@ def merge_lora(model: nn.Module, unload: bool = False) -> None:
                 plain = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
                 plain.weight, plain.bias = m.weight, m.bias
                 _replace(model, path, plain)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module):
+    """Run the base model under the adapters (one copy of the weights serves as policy and frozen
+    reference in DPO). Merged LoRA cannot be switched off: unmerge first."""
+    mods = list(adapter_modules(model).values())
+    if any(getattr(m, "merged", False) for m in mods):
+        raise ValueError("adapters_disabled: a LoRA layer is merged into its weight; unmerge_lora first")
+    for m in mods:
+        m.disabled = True
+    try:
+        yield model
+    finally:
+        for m in mods:
+            m.disabled = False
 
 
 def unmerge_lora(model: nn.Module) -> None:
