@@ -90,15 +90,16 @@ def sft_metrics(sums: dict[str, float]) -> dict[str, float]:
 def sft(model_name: str | Path, data: str | Path, output: str | Path, *, valid: str | Path | None = None,
         lora: dict | None = None, seq_len: int = 512, batch_size: int = 8, epochs: float = 1.0,
         max_steps: int | None = None, lr: float | None = None, warmup_ratio: float = 0.05, seed: int = 0,
-        progress: bool = True, log_every: int = 10) -> dict:
+        progress: bool = True, log_every: int = 10, model=None, tokenizer=None) -> dict:
     """Instruction-tune `model_name` (a causal LM: HF directory, .gguf or packaged name) on `data`.
-    lr defaults to 2e-4 with LoRA, 2e-5 for full fine-tuning."""
+    lr defaults to 2e-4 with LoRA, 2e-5 for full fine-tuning. `model`/`tokenizer` may be passed already
+    loaded (then `model_name` only labels the run)."""
     started = time.time()
     torch.manual_seed(seed)
-    model = load(model_name)
+    model = model if model is not None else load(model_name)
     if not model.config.causal or not hasattr(model, "lm_head"):
         raise ValueError(f"{model_name}: sft needs a causal LM, got {model.hf_architecture or type(model).__name__}")
-    tokenizer = load_tokenizer(model_name)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_name)
     pad_id = pad_id_of(tokenizer)
     train_ex = [chat_example(tokenizer, c) for c in read_conversations(data)]
     valid_ex = [chat_example(tokenizer, c) for c in read_conversations(valid)] if valid else []
