@@ -78,9 +78,8 @@ def answer_example(tokenizer, prompt: str, answer: str, chat: bool = False) -> d
     return {"input_ids": p + a, "labels": [IGNORE] * len(p) + a}
 
 
-def preference_batch(examples: list[tuple[dict, dict]], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """2B right-padded rows from B (chosen, rejected) pairs of answer_example dicts: chosen rows first."""
-    rows = [c for c, _ in examples] + [r for _, r in examples]
+def right_pad(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """input_ids / labels / attention_mask of {"input_ids", "labels"} rows, right-padded to the longest."""
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_id)
     labels = torch.full((len(rows), width), IGNORE)
@@ -89,3 +88,8 @@ def preference_batch(examples: list[tuple[dict, dict]], pad_id: int = 0) -> dict
         n = len(r["input_ids"])
         ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(r["input_ids"]), torch.tensor(r["labels"]), 1
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def preference_batch(examples: list[tuple[dict, dict]], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """2B right-padded rows from B (chosen, rejected) pairs of answer_example dicts: chosen rows first."""
+    return right_pad([c for c, _ in examples] + [r for _, r in examples], pad_id)

@@ -18,8 +18,7 @@ from typing import Sequence
 
 import torch
 
-from ..objectives.dpo import answer_example, sequence_logprobs
-from ..objectives.sft import IGNORE
+from ..objectives.dpo import answer_example, right_pad, sequence_logprobs
 
 
 def kshot_prompt(demos: Sequence[tuple[str, str]], text: str, template: str = "Review: {text}\nSentiment:") -> str:
@@ -40,16 +39,8 @@ def label_scores(model, tokenizer, prompts: Sequence[str], label_words: Sequence
     rows = [answer_example(tokenizer, p, " " + w) for p in prompts for w in label_words]
     out = []
     for k in range(0, len(rows), batch_size):
-        chunk = rows[k:k + batch_size]
-        width = max(len(r["input_ids"]) for r in chunk)
-        ids = torch.full((len(chunk), width), pad_id)
-        labels = torch.full((len(chunk), width), IGNORE)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, r in enumerate(chunk):
-            n = len(r["input_ids"])
-            ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(r["input_ids"]), torch.tensor(r["labels"]), 1
         with torch.no_grad():
-            out.append(sequence_logprobs(model, {"input_ids": ids, "labels": labels, "attention_mask": mask}))
+            out.append(sequence_logprobs(model, right_pad(rows[k:k + batch_size], pad_id)))
     return torch.cat(out).view(len(prompts), len(label_words))
 
 
