@@ -96,6 +96,15 @@ def finetune_sentiment() -> None:
         print(f"  {label}  {text}")
 
 
+def finetune_lora() -> None:
+    section("6a. LoRA: the same classifier training only rank-8 adapters on the query/value projections + the head")
+    data = HERE / "data"
+    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment-lora"), "--lora", "r=8,alpha=16",
+         "--train", str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
+         "--lr", "1e-3", "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+    print(f"(the adapter alone, in peft's layout: {OUT / 'sentiment-lora' / 'adapter'}; the merged model beside it)")
+
+
 def learning_curve() -> None:
     section("6b. learning curve: accuracy vs labeled examples, MiniLM vs its architecture from random weights")
     data = HERE / "data"  # the same 40 + 10 demo sentences; the real curves use SST-2's 872-sentence hold-out
@@ -172,7 +181,7 @@ def translate_toy() -> None:
 
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
-            finetune_sentiment, learning_curve, serve_over_http, encoder_decoder, translate_toy]
+            finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy]
 
 
 def main() -> int:

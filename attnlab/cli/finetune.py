@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--from-scratch", action="store_true",
                    help="same architecture and tokenizer as --model but random weights (the no-pretraining baseline)")
+    p.add_argument("--lora", metavar="r=8[,alpha=16,dropout=0.05,targets=q+v]",
+                   help="LoRA instead of full fine-tuning: only the adapters and the task head train; the adapter is "
+                        "written to OUTPUT/adapter in peft's layout, the merged model to OUTPUT")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--save-every", type=int, default=0,
                    help="write a training checkpoint to OUTPUT/checkpoints every N steps (default: none)")
@@ -80,6 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.task == "translation":
+        if args.lora:
+            raise ValueError("finetune translation: --lora is for the encoder tasks (and attnlab sft for decoders)")
         return _translation(args)
     if not args.model:
         raise ValueError(f"finetune {args.task}: --model is required")
@@ -90,9 +95,14 @@ def run(args: argparse.Namespace) -> int:
                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
-                       parallel=args.parallel)
+                       parallel=args.parallel, lora=_lora(args.lora))
     print(json.dumps(summary))
     return 0
+
+
+def _lora(spec: str | None) -> dict | None:
+    from ..nn.lora import parse_lora_spec
+    return parse_lora_spec(spec) if spec else None
 
 
 def _translation(args: argparse.Namespace) -> int:

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     p.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop when this text appears (repeatable); it is not printed")
+    p.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in peft's layout (adapter_config.json + "
+                                                    "adapter_model.safetensors), merged into MODEL before decoding")
     p.add_argument("--chat", action="store_true", help="format the prompt with the model's chat template")
     p.add_argument("--system", default=None, help="with --chat: a system message")
     p.add_argument("--compile", action="store_true",
@@ -69,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if not model.config.causal or not hasattr(model, "lm_head"):
         raise ValueError(f"{args.model}: {model.hf_architecture or type(model).__name__} is not a causal LM "
                          "(generation needs a decoder with an LM head)")
+    if args.adapter:
+        from ..interop.peft import attach_adapter
+        attach_adapter(model, args.adapter)
     tokenizer = attnlab.load_tokenizer(args.model)
     prompt = args.prompt
     if args.chat:

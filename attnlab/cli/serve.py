@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="precision of linear layers")
+    p.add_argument("--adapter", metavar="DIR", help="a LoRA (or attnlab bottleneck) adapter in peft's layout, "
+                                                    "applied to MODEL (LoRA merged: no cost per token)")
     p.add_argument("--name", default=None, help="model name reported in responses (default: MODEL)")
     p.add_argument("--max-input-tokens", type=int, default=d.max_input_tokens, help="longest accepted input")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="largest accepted max_tokens")
@@ -100,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     torch.set_grad_enabled(False)
     model = attnlab.load(args.model)
+    if args.adapter:
+        from ..interop.peft import attach_adapter
+        from ..nn.lora import adapter_modules
+        attach_adapter(model, args.adapter)
+        if adapter_modules(model) and args.dtype != "fp32":
+            raise SystemExit("attnlab serve: bottleneck adapters cannot be quantized; use --dtype fp32")
     if args.dtype != "fp32":
         model = quantize(model, args.dtype, inplace=True)
     tokenizer = attnlab.load_tokenizer(args.model)

@@ -44,12 +44,13 @@ class CausalLM(Model):
                 position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                 past_key_values=None, use_cache: bool = False, labels: torch.Tensor | None = None,
                 output_attentions: bool = False, output_hidden_states: bool = False,
-                logits_to_keep: int = 0) -> ModelOutput:
+                logits_to_keep: int = 0, document_ids: torch.Tensor | None = None) -> ModelOutput:
         """logits_to_keep > 0 projects only the last that many positions (generation needs one; the
         vocabulary projection is the single largest matmul of a small model)."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             inputs_embeds=inputs_embeds, past_key_values=past_key_values, use_cache=use_cache,
-                            output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+                            output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                            document_ids=document_ids)
         hidden = out.last_hidden_state
         out.logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         if labels is not None:  # position t predicts token t+1; -100 marks ignored targets

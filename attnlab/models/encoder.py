@@ -86,8 +86,9 @@ class Encoder(Model):
                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, output_hidden_states: bool = False,
-                unpad: bool | None = None) -> ModelOutput:
-        """`unpad`: with padding and nothing cached yet, run every linear layer on the real tokens only (see
+                unpad: bool | None = None, document_ids: torch.Tensor | None = None) -> ModelOutput:
+        """`document_ids` (B, T): a packed batch's document of each token; attention stays inside a document
+        (pass `position_ids` that restart at each document too). `unpad`: with padding and nothing cached yet, run every linear layer on the real tokens only (see
         attnlab.nn.varlen); outputs are re-padded with zeros at padding positions. True: whenever there is
         padding; False: never; None (default): if `self.unpad` and padding is at least `unpad_min_padding`
         of the batch."""
@@ -124,9 +125,10 @@ class Encoder(Model):
         repad = varlen.pad if varlen is not None else (lambda t_: t_)
 
         mask = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
-                                   device=device)
+                                   device=device, documents=document_ids)
         local = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
-                                    window=cfg.sliding_window, device=device) if cfg.sliding_window else mask
+                                    window=cfg.sliding_window, device=device,
+                                    documents=document_ids) if cfg.sliding_window else mask
         rope = self.rope(position_ids) if self.rope is not None else None
         local_rope = self.local_rope(position_ids) if self.local_rope is not None else rope
         bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None

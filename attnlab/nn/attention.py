@@ -33,18 +33,24 @@ class AttentionMask:
 
     @classmethod
     def build(cls, padding: torch.Tensor | None, query_len: int, key_len: int, *, causal: bool = False,
-              window: int | None = None, query_offset: int = 0, device=None) -> "AttentionMask":
+              window: int | None = None, query_offset: int = 0, device=None,
+              documents: torch.Tensor | None = None) -> "AttentionMask":
         """padding: (B, Tk) with 1 for real tokens, 0 for padding (the HF `attention_mask`).
-        query_offset: absolute position of the first query (> 0 when decoding with a KV cache)."""
+        query_offset: absolute position of the first query (> 0 when decoding with a KV cache).
+        documents: (B, T) document ids of a packed batch (several examples in one row, nothing cached):
+        a token sees only tokens of its own document (a block-diagonal mask: no cross-contamination)."""
         has_padding = padding is not None and not bool(padding.all())
-        if not has_padding and window is None:
+        if documents is not None and (documents.shape[-1] != key_len or query_len != key_len):
+            raise ValueError(f"document_ids has shape {tuple(documents.shape)}; expected (batch, {key_len}) "
+                             "and no KV cache (packing is for training)")
+        if not has_padding and window is None and documents is None:
             if not causal:
                 return cls(None, False)
             if query_offset == 0 and query_len == key_len:
                 return cls(None, True)
             if query_len == 1 and query_offset + 1 == key_len:
                 return cls(None, False)  # a decoding step: the newest token sees every key
-        device = padding.device if padding is not None else device
+        device = padding.device if padding is not None else documents.device if documents is not None else device
         q = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
         k = torch.arange(key_len, device=device)[None, :]
         allowed = torch.ones(query_len, key_len, dtype=torch.bool, device=device)
@@ -54,6 +60,8 @@ class AttentionMask:
             # a local layer sees keys at distance < window on each side it is allowed to look at
             allowed &= (q - k).abs() < window
         allowed = allowed[None, None]
+        if documents is not None:
+            allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
         if has_padding:
             allowed = allowed & padding.bool()[:, None, None, :]
         # A query that may see nothing (a left-pad position under a causal mask) would give NaN;

@@ -151,7 +151,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              max_train_samples: int | None = None, max_eval_samples: int | None = None,
              holdout: int | None = None, freeze_embeddings: bool = True, progress: bool = True,
              log_every: int = 50, from_scratch: bool = False, student_layers: int | None = None,
-             distill=None, save_every: int = 0, resume: bool = False, parallel: str = "ddp") -> dict:
+             distill=None, save_every: int = 0, resume: bool = False, parallel: str = "ddp",
+             lora: dict | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Without a validation file the task's default is used, else `holdout`
@@ -167,7 +168,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
 
     save_every: also write a training checkpoint (weights, AdamW, schedule, RNG, data position, best so
     far) to `output`/checkpoints every N steps, so that `resume=True` continues a killed run exactly.
-    parallel: "ddp" or "fsdp" under torchrun (each process takes its share of every batch)."""
+    parallel: "ddp" or "fsdp" under torchrun (each process takes its share of every batch).
+    lora: LoRA instead of full fine-tuning (Hu et al. 2021), e.g. dict(r=8, alpha=16): only the adapters and
+    the task head train; the best adapter goes to output/adapter (PEFT layout), the merged model to output."""
     from ..interop import load_tokenizer
     from ..interop.files import atomic_write
     from ..training import TrainArgs, Trainer
@@ -229,6 +232,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         cfg = distill or DistillConfig()
         cfg.validate()
         loss_fn = lambda model, batch: distill_loss(model, teacher, batch, cfg)[0]  # noqa: E731
+    if lora:
+        from ..interop.peft import lora_for_training
+        trainable = lora_for_training(net, **lora)
+        print(f"finetune {task.name}: LoRA {lora}, {trainable:,} trainable parameters of {net.num_parameters():,}",
+              file=sys.stderr, flush=True)
     _, label2id = labels_of(net)
     feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
     if freeze_embeddings:
@@ -254,7 +262,13 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                      save_every=save_every, keep_last=2 if save_every else 0, resume=resume, parallel=parallel,
                      progress=progress, best_metric=task.main_metric, patience=patience or 0)
 
+    base_name = str(model)
+
     def on_best(model, record: dict) -> None:  # the best checkpoint is the one kept, in the output itself
+        if lora:  # the adapter alone, and the merged model that evaluate/predict load like any other
+            from ..interop.peft import merged_copy, save_adapter
+            save_adapter(model, output / "adapter", base_model_name_or_path=base_name)
+            model = merged_copy(model)
         save_model(model, output)
         tokenizer.save(output)
 
@@ -271,6 +285,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                "best_step": best.get("step"), "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings,
                **({"from_scratch": True} if from_scratch else {}),
+               **({"lora": lora, "trainable_parameters": sum(p.numel() for p in net.parameters() if p.requires_grad)}
+                  if lora else {}),
                **({"student_layers": student_layers, "teacher_layers": teacher.config.num_layers,
                    "parameters": net.num_parameters(), "teacher_parameters": teacher.num_parameters()}
                   if teacher is not None else {}),

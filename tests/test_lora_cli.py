@@ -1,0 +1,114 @@
+"""LoRA through the command line: `attnlab finetune TASK --lora r=...` (a tiny real fine-tune), and
+`--adapter DIR` for `generate` and `serve`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.cli import main
+from attnlab.config import ModelConfig
+from attnlab.inference.generate import generate
+from attnlab.interop.peft import load_adapter, merged_copy, save_adapter
+from attnlab.nn.lora import adapter_modules, parse_lora_spec
+
+from _adapt import smol_tokenizer, tiny_llama_config
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    model = attnlab.from_config(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                                            dropout=0.0, attention_dropout=0.0))
+    model.save(out)
+    attnlab.load_tokenizer("minilm").save(out)
+    return out
+
+
+def test_finetune_with_lora_trains_only_the_adapter_and_head(tiny_bert, data_dir, tmp_path, capsys):
+    out = tmp_path / "sst2"
+    rc = main(["finetune", "sst2", "--model", str(tiny_bert), "--output", str(out), "--lora", "r=4,alpha=8,targets=q+v+ffn.up",
+               "--train", str(data_dir / "glue/SST-2/train.tsv"), "--max-train-samples", "200", "--max-eval-samples", "50",
+               "--epochs", "1", "--lr", "1e-3", "--batch-size", "16", "--max-length", "32", "--no-progress"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    # 2 layers x 3 targets x r(64 + out) + classifier (64*2 + 2)
+    want = 2 * (4 * (64 + 64) * 2 + 4 * (64 + 128)) + 64 * 2 + 2
+    assert summary["trainable_parameters"] == want and summary["lora"]["r"] == 4
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_CLS" and config["modules_to_save"] == ["classifier"]
+    assert config["target_modules"] == ["intermediate.dense", "query", "value"]
+    # the base model with the adapter computes what the merged model written to OUTPUT computes
+    base = attnlab.load(tiny_bert, architecture="BertForSequenceClassification",
+                        extra={"id2label": {"0": "0", "1": "1"}, "label2id": {"0": 0, "1": 1}})
+    adapted, merged = load_adapter(base, out / "adapter"), attnlab.load(out)
+    assert len(adapter_modules(adapted)) == 6 and not adapter_modules(merged)
+    ids = torch.tensor([[101, 2023, 3185, 2003, 2307, 102]])
+    with torch.no_grad():
+        assert (adapted(ids).logits - merged(ids).logits).abs().max().item() <= 1e-5
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text(encoding="utf-8").splitlines()[:41]
+    (tmp_path / "few.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["evaluate", "sst2", "--model", str(out), "--data", str(tmp_path / "few.tsv")]) == 0
+    assert json.loads(capsys.readouterr().out)["examples"] == 40
+
+
+def test_lora_spec_parsing_and_errors():
+    assert parse_lora_spec("r=8") == {"r": 8, "alpha": 16.0}
+    assert parse_lora_spec("r=4,alpha=4,dropout=0.1,targets=query+value") == \
+        {"r": 4, "alpha": 4.0, "dropout": 0.1, "targets": ["query", "value"]}
+    for bad, msg in (("alpha=4", "rank r is required"), ("r=x", "not a number"), ("r=4,rank=2", "KEY=VALUE"),
+                     ("r=0", "positive integer"), ("r=4,dropout=1.5", "dropout")):
+        with pytest.raises(ValueError, match=msg):
+            parse_lora_spec(bad)
+    assert main(["finetune", "translation", "--output", "/tmp/x", "--lora", "r=4"]) == 1
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    tok = smol_tokenizer()
+    torch.manual_seed(0)
+    cfg = tiny_llama_config(len(tok), max_position_embeddings=256, eos_token_id=2)
+    out = tmp_path_factory.mktemp("llama")
+    model = attnlab.from_config(cfg).eval()
+    attnlab.save(model, out / "base")
+    tok.save(out / "base")
+    from attnlab.interop.peft import apply_lora
+    apply_lora(model, ["q_proj", "v_proj", "down_proj"], r=4, alpha=8)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    save_adapter(model, out / "adapter")
+    return out, tok, merged_copy(model).eval()
+
+
+def test_generate_with_adapter_equals_the_merged_model(tiny_llama, capsys):
+    out, tok, merged = tiny_llama
+    assert main(["generate", str(out / "base"), "--prompt", "Once upon a time", "--max-new-tokens", "8",
+                 "--adapter", str(out / "adapter")]) == 0
+    text = capsys.readouterr().out
+    ids = tok.encode("Once upon a time", add_special_tokens=False)
+    want = generate(merged, torch.tensor([ids]), max_new_tokens=8)[0, len(ids):].tolist()
+    want = want[:want.index(2)] if 2 in want else want
+    assert text == "Once upon a time" + tok.decode(want) + "\n" or text == tok.decode(want) + "\n"
+
+
+def test_serve_applies_the_adapter(tiny_llama, monkeypatch):
+    import attnlab.serve.app as app_module
+    import attnlab.serve.drain as drain
+    out, _, merged = tiny_llama
+    seen = {}
+    monkeypatch.setattr(app_module, "create_app", lambda model, tok, **kw: seen.setdefault("model", model))
+    monkeypatch.setattr(drain, "run_server", lambda app, **kw: None)
+    try:
+        assert main(["serve", str(out / "base"), "--adapter", str(out / "adapter")]) == 0
+    finally:
+        torch.set_grad_enabled(True)  # `serve` turns autograd off process-wide; later tests train
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert (seen["model"](ids).logits - merged(ids).logits).abs().max().item() <= 1e-5
