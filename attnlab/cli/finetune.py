@@ -82,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.save_every < 0:  # before any work (TrainArgs would refuse it only after the data is read)
+        raise ValueError(f"--save-every {args.save_every}: must be 0 (no training checkpoints) or more")
     if args.task == "translation":
         if args.lora:
             raise ValueError("finetune translation: --lora is for the encoder tasks (and attnlab sft for decoders)")

@@ -174,6 +174,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     from ..interop import load_tokenizer
     from ..interop.files import atomic_write
     from ..training import TrainArgs, Trainer
+    from ..training.checkpoint import keep_best
     from ..interop.native import save_model
 
     task = get_task(task) if isinstance(task, str) else task
@@ -264,13 +265,16 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
 
     base_name = str(model)
 
-    def on_best(model, record: dict) -> None:  # the best checkpoint is the one kept, in the output itself
+    def save_best(model) -> None:  # the best checkpoint is the one kept, in the output itself
         if lora:  # the adapter alone, and the merged model that evaluate/predict load like any other
             from ..interop.peft import merged_copy, save_adapter
             save_adapter(model, output / "adapter", base_model_name_or_path=base_name)
             model = merged_copy(model)
         save_model(model, output)
         tokenizer.save(output)
+
+    def on_best(model, record: dict) -> None:  # a full disk: one line, the model kept before stays whole
+        keep_best(lambda: save_best(model), output, record["step"])
 
     trainer = Trainer(net, args, data, loss_fn=loss_fn,
                       evaluate_fn=lambda model: evaluate_examples(task, model, tokenizer, valid_ex, max_length)[0],

@@ -200,12 +200,13 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
                          save_every: int = 0, resume: bool = False) -> dict:
     """Train an encoder-decoder from scratch (`model` = a preset name, resized by `overrides`) or
     further (`model` = a directory with a tokenizer) on a parallel corpus. The checkpoint with the best
-    validation BLEU is written to `output` with its tokenizer; metrics.jsonl logs the run, metrics.json
-    (returned) sums it up."""
+    validation BLEU is written to `output` with its tokenizer and its scores (best.json); metrics.jsonl logs
+    the run, metrics.json (returned) sums it up."""
     from ..config import PRESETS, preset
     from ..interop.files import atomic_write
     from ..models.seq2seq import Seq2SeqLM
     from ..training import TrainArgs, Trainer
+    from ..training.checkpoint import keep_best
     from .common import EpochBatches
     if threads:
         torch.set_num_threads(threads)
@@ -265,14 +266,19 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
         scores.update(_validate(model, tok, valid, eval_beams, max_length))
         return {k: v for k, v in scores.items() if isinstance(v, (int, float))}
 
-    def on_best(model, record: dict) -> None:
+    def on_best(model, record: dict) -> None:  # best.json: the kept model's scores, for a resumed run's summary
         best.clear()
         best.update(scores, step=record["step"], elapsed_s=round(time.time() - start, 1))
-        model.save(output)
+        keep_best(lambda: (model.save(output), atomic_write(output / "best.json", lambda tmp: Path(tmp).write_text(
+            json.dumps(best, indent=2) + "\n"))), output, record["step"])
 
     trainer = Trainer(net, args, data, evaluate_fn=evaluate if valid is not None else None, on_best=on_best,
                       count_tokens=lambda b: int(b["attention_mask"].sum()) + int((b["labels"] != -100).sum()))
     trainer.train()
+    if valid is not None and not best and trainer.best:  # resumed after its best step: that step's full scores
+        kept = json.loads((output / "best.json").read_text()) if (output / "best.json").is_file() else {}
+        best.update(kept if kept.get("step") == trainer.best["step"] else
+                    {k[len("eval_"):] if k.startswith("eval_") else k: v for k, v in trainer.best.items()})
     if valid is None:
         net.save(output)
     summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang, "steps": trainer.step,

@@ -23,6 +23,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -104,6 +105,21 @@ def write_error(output_dir: Path, final: Path, why: str, errno: int | None) -> C
     failure = CheckpointWriteError(f"could not write checkpoint {final}: {why}; {last}")
     failure.errno = errno
     return failure
+
+
+def keep_best(save: Callable[[], None], directory: Path, step: int) -> None:
+    """Write the best model so far into `directory` with `save()`. Every file there is replaced by one rename
+    (weights first; interop.files.atomic_write), so a failed write - a full disk - leaves the model kept before
+    whole; it stops the run with one line naming the step, the directory and the cause."""
+    had = any(Path(directory).glob("*.safetensors"))
+    try:
+        save()
+    except OSError as err:
+        kept = "the model kept there before is left whole" if had else "no model was kept there yet"
+        failure = OSError(f"could not write the best model (step {step}) to {directory}: "
+                          f"{err.strerror or err}; {kept}")
+        failure.errno = err.errno
+        raise failure from err
 
 
 def publish(tmp: Path, final: Path, step: int, keep_last: int) -> Path:

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from ..interop.files import atomic_write
 from ..interop.native import save_model
 from . import parallel
-from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import keep_best, list_checkpoints, load_checkpoint, save_checkpoint
 from .optim import SCHEDULES, build_optimizer
 
 
@@ -84,12 +84,18 @@ class TrainArgs:
     patience: int = 0                  # > 0: stop after this many evaluations without a new best
     parallel: str = "ddp"              # ddp | fsdp: how several processes (torchrun) share the model
 
+    # what a resumed run must share with the run that wrote its checkpoint, else "resume" would quietly go on
+    # with another run (grad_accum, max_minutes, parallel... may differ: FSDP resumes with another world size)
+    SAME_RUN = ("max_steps", "lr", "warmup_steps", "schedule", "weight_decay", "seed", "eval_every", "best_metric")
+
     def validate(self) -> None:
         def positive(name):
             if getattr(self, name) <= 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
         for name in ("max_steps", "grad_accum", "lr", "log_every"):
             positive(name)
+        if self.save_every < 0:
+            raise ValueError(f"train.save_every={self.save_every} must not be negative (0: only after the last step)")
         if self.keep_last < 0:
             raise ValueError(f"train.keep_last={self.keep_last} must not be negative")
         if self.schedule not in SCHEDULES:
@@ -250,6 +256,7 @@ class Trainer:
                 raise ValueError(f"{path}: saved with {state['world_size']} processes, resuming with {self.world}; "
                                  "DDP checkpoints resume with the same number (train.parallel=fsdp ones with any)")
             self.optimizer.load_state_dict(state["optimizer"])
+        self._same_run(path, state.get("args", {}))
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self.skips = state.get("skips", 0)
@@ -273,6 +280,15 @@ class Trainer:
             atomic_write(self.output / "metrics.jsonl",
                          lambda tmp: Path(tmp).write_text("".join(line + "\n" for line in kept)))
         return True
+
+    def _same_run(self, path: Path, saved: dict) -> None:
+        """Refuse, before any training, to resume a checkpoint of another run (another step count, lr,
+        seed...): one line naming the field and both values."""
+        for name in TrainArgs.SAME_RUN:
+            if name in saved and saved[name] != getattr(self.args, name):
+                raise ValueError(f"cannot resume from {path}: it was written by a run with {name}={saved[name]!r}, "
+                                 f"this one has {name}={getattr(self.args, name)!r}; resume with the options of "
+                                 "that run (or start afresh without resume)")
 
     def _non_finite(self, loss: float, norm: torch.Tensor | None, bar) -> None:
         """Called before the optimizer step of step `self.step + 1`: stop, or count a skip."""
@@ -442,17 +458,13 @@ class Trainer:
                 if self.is_main and self.on_best is not None:
                     self.on_best(model, self.best)
                 elif self.is_main:
-                    _save_best(model, self.output)
+                    keep_best(lambda: save_model(model, self.output / "best"), self.output / "best", self.step)
             else:
                 self.evals_since_best += 1
             bar.set_postfix(**{args.best_metric: f"{metrics[key]:.4f}", "best": f"{self.best[key]:.4f}"})
         bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
                   file=sys.stderr)  # stdout is for a command's result (finetune prints its JSON summary there)
         return args.patience > 0 and self.evals_since_best >= args.patience
-
-
-def _save_best(model, output: Path) -> None:
-    save_model(model, output / "best")
 
 
 def _logged_by(line: str, step: int) -> bool:

@@ -7,9 +7,11 @@ from it. Tiny models and data (a 2-layer 32-wide BERT on 120 SST-2 lines; a 1-la
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import warnings
@@ -165,3 +167,132 @@ def test_a_position_saved_after_the_last_batch_of_an_epoch_resumes_with_the_next
     resumed.load_state_dict(first.state_dict())
     assert first.state_dict() == {"epoch": 0, "position": 2}
     assert taken_then_killed + list(resumed) == taken
+
+
+def cli(argv: list[str]) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny vocabularies: "exceeds max_length" and the like
+        return cli_main(argv)
+
+
+def without_timing(summary: dict) -> dict:
+    return {k: without_timing(v) if isinstance(v, dict) else v for k, v in summary.items()
+            if k not in ("elapsed_s", "minutes", "wall_time_s")}
+
+
+def test_translation_resumed_after_its_best_step_reports_the_best_of_the_whole_run(jobs, tmp_path):
+    """BLEU is best at step 4 (of 12); a run killed during step 12 resumes from step 11 and evaluates once more
+    without a better BLEU: its summary must still hold step 4's scores (sacreBLEU signature included), as the
+    uninterrupted run's does - the Trainer's checkpoint keeps only the numbers, OUTPUT/best.json the rest."""
+    straight, out = tmp_path / "straight", tmp_path / "killed"
+    assert cli([*jobs["translation"], "--output", str(straight)]) == 0
+    shutil.copytree(straight, out)
+    shutil.rmtree(out / "checkpoints" / "step-000012")  # as it stood when killed during step 12
+    (out / "metrics.json").unlink()
+    assert cli([*jobs["translation"], "--output", str(out), "--resume"]) == 0
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (straight, out))
+    assert b["steps"] == 12 and b["best"]["step"] == 4 and "signature" in b["best"]
+    assert without_timing(a) == without_timing(b)
+    assert json.loads((out / "best.json").read_text())["step"] == 4
+
+
+def kept_files(out: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()
+            if p.is_file() and p.name != "metrics.jsonl"}
+
+
+@pytest.mark.parametrize("job", ["sst2", "translation"])
+def test_a_full_disk_while_keeping_the_best_model_is_one_line_and_the_model_kept_before_stays_whole(
+        jobs, tmp_path, monkeypatch, capsys, job):
+    """The best model lives in OUTPUT itself. A first run keeps one; a new run into the same OUTPUT (another
+    seed) finds its disk full while writing its own first best: one line naming the step, the directory
+    and the cause, and every file of the model kept before is byte for byte what it was. In an empty
+    OUTPUT the line says no model was kept yet."""
+    import safetensors.torch
+    out, empty = tmp_path / "run", tmp_path / "empty"
+    short = ["--epochs", "0.4"] if job == "sst2" else ["--epochs", "1"]  # 6 (sst2) or 4 steps, evaluated once
+    assert cli([*jobs[job], "--output", str(out), *short]) == 0
+    before = kept_files(out)
+    assert "model.safetensors" in before and "config.json" in before
+    capsys.readouterr()
+    real, writes = safetensors.torch.save_file, []
+
+    def full_disk(tensors, filename, *a, **k):
+        if Path(filename).parent in (out, empty):  # the best model's weights (a temporary beside them)
+            writes.append(filename)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, filename, *a, **k)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    code = cli([*jobs[job], "--output", str(out), *short, "--seed", "2"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert code == 1 and len(writes) == 1
+    first = 5 if job == "sst2" else 4  # the first evaluation
+    assert errors == [f"attnlab finetune: error: could not write the best model (step {first}) to {out}: "
+                      "No space left on device; the model kept there before is left whole"]
+    assert kept_files(out) == before  # weights, config, tokenizer, best.json, metrics.json: untouched
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # the temporary was removed
+    assert cli([*jobs[job], "--output", str(empty), *short]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"to {empty}: No space left on device; "
+                                                                      "no model was kept there yet")
+    assert not (empty / "model.safetensors").exists()
+
+
+def test_resume_with_other_options_is_one_line_naming_the_field_before_any_training(jobs, tmp_path, capsys):
+    """--resume continues the run its checkpoint came from; other options (--epochs, hence the step count;
+    --lr; --seed) would make it another run: refused with one line naming the field and both values, and
+    nothing in OUTPUT changes. The same options resume (here: nothing left to train)."""
+    out = tmp_path / "run"
+    argv = [*jobs["sst2"], "--output", str(out), "--epochs", "0.4", "--save-every", "3"]  # 6 steps
+    assert cli(argv) == 0
+    capsys.readouterr()
+    last, before = out / "checkpoints" / "step-000006", kept_files(out)
+    log = (out / "metrics.jsonl").read_text()
+    for extra, field, old, new in ((["--epochs", "0.8"], "max_steps", 6, 12), (["--lr", "2e-3"], "lr", 0.001, 0.002),
+                                   (["--seed", "2"], "seed", 1, 2)):
+        assert cli([*argv, "--resume", *extra]) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"attnlab finetune: error: cannot resume from {last}: it was written by a run with {field}={old!r}, "
+            f"this one has {field}={new!r}; resume with the options of that run (or start afresh without resume)")
+        assert kept_files(out) == before and (out / "metrics.jsonl").read_text() == log
+        assert ckpt.list_checkpoints(out)[-1] == last
+    assert cli([*argv, "--resume"]) == 0
+    assert "resumed from step 6" in capsys.readouterr().err
+
+
+def test_the_trainer_refuses_to_resume_another_run(tmp_path):
+    """The check lives in the Trainer's resume, so `attnlab pretrain --resume` (train.resume=true) has it too;
+    what may differ (grad_accum and the process count under FSDP, max_minutes) still resumes."""
+    from attnlab.heads import MaskedLM
+    from attnlab.training import TrainArgs, Trainer
+    from _pretrain_utils import tiny_bert
+    torch.manual_seed(0)
+    ids = torch.randint(5, 50, (4, 8))
+
+    def trainer(**kw):
+        args = {**dict(output_dir=str(tmp_path), max_steps=4, log_every=1, progress=False, save_every=2), **kw}
+        return Trainer(MaskedLM(tiny_bert(50, dropout=0.0, attention_dropout=0.0)), TrainArgs(**args),
+                       [{"input_ids": ids, "labels": ids}])
+
+    trainer().train(until=2)
+    for kw, field in ((dict(max_steps=8), "max_steps"), (dict(warmup_steps=1), "warmup_steps"),
+                      (dict(schedule="cosine"), "schedule"), (dict(weight_decay=0.0), "weight_decay"),
+                      (dict(eval_every=1), "eval_every")):
+        other = trainer(resume=True, **kw)
+        with pytest.raises(ValueError, match=rf"^cannot resume from .*step-000002: it was written by a run with "
+                                             rf"{field}=.*, this one has {field}="):
+            other.train()
+        assert other.step == 0
+    same = trainer(resume=True, grad_accum=2, max_minutes=5.0)
+    same.train()
+    assert same.step == 4
+
+
+def test_a_negative_save_every_is_one_line_before_any_work(jobs, tmp_path, capsys):
+    assert cli([*jobs["sst2"], "--output", str(tmp_path / "run"), "--save-every", "-1"]) == 1
+    assert capsys.readouterr().err.strip() == ("attnlab finetune: error: --save-every -1: must be 0 "
+                                               "(no training checkpoints) or more")
+    assert not (tmp_path / "run").exists()
+    from attnlab.training import TrainArgs
+    with pytest.raises(ValueError, match=r"train.save_every=-1 must not be negative"):
+        TrainArgs(save_every=-1).validate()  # pretrain's recipe key too
