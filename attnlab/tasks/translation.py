@@ -201,12 +201,14 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     """Train an encoder-decoder from scratch (`model` = a preset name, resized by `overrides`) or
     further (`model` = a directory with a tokenizer) on a parallel corpus. The checkpoint with the best
     validation BLEU is written to `output` with its tokenizer and its scores (best.json); metrics.jsonl logs
-    the run, metrics.json (returned) sums it up."""
+    the run, metrics.json (returned) sums it up. With `resume` and a checkpoint in OUTPUT/checkpoints, the
+    tokenizer saved in OUTPUT is reused (the checkpoints were trained with it)."""
     from ..config import PRESETS, preset
     from ..interop.files import atomic_write
     from ..models.seq2seq import Seq2SeqLM
     from ..training import TrainArgs, Trainer
-    from ..training.checkpoint import keep_best
+    from ..tokenizers import load_tokenizer
+    from ..training.checkpoint import keep_best, list_checkpoints
     from .common import EpochBatches
     if threads:
         torch.set_num_threads(threads)
@@ -219,8 +221,11 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     if valid is not None and max_eval_sentences:
         valid = valid[:max_eval_sentences]
 
+    resuming = resume and bool(list_checkpoints(output))
     if model in PRESETS:
-        tok = train_joint_bpe([train_src, train_tgt], vocab_size)
+        # a resumed run keeps the vocabulary its checkpoints (and the best model kept in OUTPUT) were trained
+        # with: retraining it from other options would overwrite the kept model's tokenizer
+        tok = load_tokenizer(output) if resuming else train_joint_bpe([train_src, train_tgt], vocab_size)
         fields = {k: v for k, v in (overrides or {}).items() if not k.startswith("extra.")}
         cfg = preset(model, **fields)
         extra = {**cfg.extra, "src_lang": src_lang, "tgt_lang": tgt_lang}
@@ -247,7 +252,8 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     total = max_steps or int(math.ceil(epochs * steps_per_epoch))
     warmup = warmup or int(cfg.extra.get("warmup_steps", 4000))
     beta1, beta2 = (float(b) for b in cfg.extra.get("adam_betas", (0.9, 0.98)))
-    tok.save(output)
+    if not resuming:
+        tok.save(output)
     if not resume:
         (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
     args = TrainArgs(output_dir=str(output), max_steps=total, max_minutes=max_minutes or 0.0,

@@ -296,3 +296,17 @@ def test_a_negative_save_every_is_one_line_before_any_work(jobs, tmp_path, capsy
     from attnlab.training import TrainArgs
     with pytest.raises(ValueError, match=r"train.save_every=-1 must not be negative"):
         TrainArgs(save_every=-1).validate()  # pretrain's recipe key too
+
+
+def test_translation_resumed_with_another_vocab_size_keeps_the_saved_tokenizer(jobs, tmp_path):
+    """A resumed translation run reuses the tokenizer in OUTPUT (its checkpoints and the kept best model were
+    trained with it) instead of training one from the new options, which overwrote the kept model's tokenizer
+    and then failed on the checkpoint's embedding shape."""
+    out = tmp_path / "run"
+    argv = [*jobs["translation"], "--output", str(out), "--epochs", "2"]  # 8 steps
+    assert cli(argv) == 0
+    before = kept_files(out)
+    shutil.rmtree(out / "checkpoints" / "step-000008")
+    assert cli([*argv, "--resume", "--vocab-size", "60"]) == 0
+    after = kept_files(out)
+    assert after["tokenizer.json"] == before["tokenizer.json"] and after["model.safetensors"] == before["model.safetensors"]
