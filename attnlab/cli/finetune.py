@@ -17,7 +17,8 @@ Defaults that follow the data (each flag given explicitly wins):
 Writes the best model (config.json with id2label, model.safetensors, tokenizer files), metrics.jsonl
 (the run) and metrics.json (the summary) into --output.
 With --save-every N a training checkpoint goes to OUTPUT/checkpoints every N steps, and a killed run
-continues exactly with --resume. Under torchrun each process takes its share of every batch
+continues exactly with --resume (other options than that run's are refused, naming the field).
+Under torchrun each process takes its share of every batch
 (--parallel ddp replicates the model, fsdp shards it; docs/DISTRIBUTED.md).
 
 example:

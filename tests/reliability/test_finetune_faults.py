@@ -277,7 +277,8 @@ def test_the_trainer_refuses_to_resume_another_run(tmp_path):
     trainer().train(until=2)
     for kw, field in ((dict(max_steps=8), "max_steps"), (dict(warmup_steps=1), "warmup_steps"),
                       (dict(schedule="cosine"), "schedule"), (dict(weight_decay=0.0), "weight_decay"),
-                      (dict(eval_every=1), "eval_every")):
+                      (dict(eval_every=1), "eval_every"), (dict(best_metric="loss"), "best_metric"),
+                      (dict(lr=1e-3), "lr"), (dict(seed=1), "seed")):
         other = trainer(resume=True, **kw)
         with pytest.raises(ValueError, match=rf"^cannot resume from .*step-000002: it was written by a run with "
                                              rf"{field}=.*, this one has {field}="):
