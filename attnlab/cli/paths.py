@@ -2,8 +2,8 @@
 where a file belongs (or the reverse) or an unreadable one stops it with one line naming the option and
 the path, e.g. `attnlab embed: error: --input /x/y.txt: no such file`.
 
-`INPUTS` is the one table of which arguments name inputs, per command (outputs are not checked: they
-are created). Kinds:
+`INPUTS` is the one table of which arguments name inputs, per command as typed on the command line
+(outputs are not checked: they are created). Kinds:
   file             an existing, readable regular file
   files            a list of those (nargs), or one string of comma-separated files
   dir              an existing, readable directory
@@ -22,7 +22,7 @@ from pathlib import Path
 INPUTS: dict[str, dict[str, str]] = {
     "info": {"model": "model_or_preset"},
     "embed": {"model": "model", "input": "file"},
-    "generate": {"model": "model"},
+    "generate": {"model": "model", "adapter": "dir"},
     "viz": {"model": "model"},
     "plot": {"run_dir": "run_dir"},
     "finetune": {"model": "model_or_preset", "train": "files", "valid": "file", "train_src": "file",
@@ -34,8 +34,12 @@ INPUTS: dict[str, dict[str, str]] = {
     "pretrain": {"config": "file"},
     "distill": {"teacher": "model", "corpus": "dir"},
     "translate": {"model": "model", "input": "file"},
-    "serve": {"model": "model", "api_key_file": "file", "ssl_certfile": "file", "ssl_keyfile": "file"},
+    "serve": {"model": "model", "api_key_file": "file", "ssl_certfile": "file", "ssl_keyfile": "file",
+              "adapter": "dir"},
     "curve": {"model": "models", "scratch": "models", "train": "file", "valid": "file"},
+    "sft": {"model": "model", "data": "file", "valid": "file"},
+    "dpo": {"model": "model", "data": "file"},
+    "evaluate-prompting": {"model": "model", "data": "file", "pool": "file"},
 }
 
 

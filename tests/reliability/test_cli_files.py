@@ -40,7 +40,7 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
     base = {
         "info": lambda v: ["info", v["model"]],
         "embed": lambda v: ["embed", v["model"], "--input", v["input"], "--output", o],
-        "generate": lambda v: ["generate", v["model"], "--prompt", "hi"],
+        "generate": lambda v: ["generate", v["model"], "--prompt", "hi", "--adapter", v["adapter"]],
         "viz": lambda v: ["viz", v["model"], "--text", "hi", "--output", o],
         "plot": lambda v: ["plot", v["run_dir"]],
         "finetune": lambda v: ["finetune", "translation", "--output", o, "--model", v["model"], "--train", v["train"],
@@ -56,9 +56,12 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
                               "--output", o],
         "translate": lambda v: ["translate", v["model"], "--input", v["input"], "--output", o],
         "serve": lambda v: ["serve", v["model"], "--api-key-file", v["api_key_file"], "--ssl-certfile", v["ssl_certfile"],
-                            "--ssl-keyfile", v["ssl_keyfile"]],
+                            "--ssl-keyfile", v["ssl_keyfile"], "--adapter", v["adapter"]],
         "curve": lambda v: ["curve", "sst2", "--model", v["model"], "--scratch", v["scratch"], "--train", v["train"],
                             "--valid", v["valid"], "--output", o],
+        "sft": lambda v: ["sft", v["model"], "--data", v["data"], "--valid", v["valid"], "--output", o],
+        "dpo": lambda v: ["dpo", v["model"], "--data", v["data"], "--output", o],
+        "evaluate-prompting": lambda v: ["evaluate-prompting", "--model", v["model"], "--data", v["data"], "--pool", v["pool"]],
     }[command]
     values = {k: {"file": f, "files": f, "dir": d, "model": m, "models": m, "model_or_preset": m, "tokenizer": d, "run_dir": d}[kind]
               for k, kind in INPUTS[command].items()}
@@ -73,7 +76,8 @@ OPTION = {"model": "MODEL", "run_dir": "RUN_DIR", "files": "FILES"}
 def option_of(command: str, dest: str) -> str:
     if command == "info" and dest == "model":
         return "MODEL_OR_PRESET"
-    if command in ("info", "embed", "generate", "viz", "plot", "tokenizer", "prepare", "translate", "serve") \
+    if command in ("info", "embed", "generate", "viz", "plot", "tokenizer", "prepare", "translate", "serve",
+                   "sft", "dpo") \
             and dest in OPTION:
         return OPTION[dest]
     return "--" + dest.replace("_", "-")
@@ -95,8 +99,9 @@ def assert_one_line(code: int, err: str, option: str, path: str, reason: str, co
 
 
 def test_every_command_with_a_path_is_covered():
+    import importlib
     from attnlab.cli import COMMANDS
-    assert set(INPUTS) == set(COMMANDS)
+    assert set(INPUTS) == {importlib.import_module(f"attnlab.cli.{c}").NAME for c in COMMANDS}
 
 
 @pytest.mark.parametrize("command,dest,kind", CASES, ids=[f"{c}-{d}" for c, d, _ in CASES])
