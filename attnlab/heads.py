@@ -218,19 +218,21 @@ class SequenceClassification(_Classifier):
     def reads_pooler(cls, config: ModelConfig) -> bool:
         return config.classifier_pooling == "cls"
 
+    def sentence_vector(self, out: ModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """What the classifier reads from the backbone's output `out` (before dropout)."""
+        if self.config.classifier_pooling == "mean":
+            return mean_pool(out.last_hidden_state, attention_mask)
+        if out.pooler_output is None:
+            raise ValueError("sequence classification reads the pooled [CLS] vector; this config has pooler=False "
+                             "(or set classifier_pooling='mean')")
+        return out.pooler_output
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
                 output_hidden_states=False) -> ModelOutput:
         out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                  output_attentions, output_hidden_states)
-        if self.config.classifier_pooling == "mean":
-            pooled = mean_pool(out.last_hidden_state, attention_mask)
-        elif out.pooler_output is None:
-            raise ValueError("sequence classification reads the pooled [CLS] vector; this config has pooler=False "
-                             "(or set classifier_pooling='mean')")
-        else:
-            pooled = out.pooler_output
-        out.logits = self.classifier(self.dropout(pooled))
+        out.logits = self.classifier(self.dropout(self.sentence_vector(out, attention_mask)))
         if labels is not None:
             if is_regression(self.config):
                 out.loss = F.mse_loss(out.logits.squeeze(-1).float(), labels.float())

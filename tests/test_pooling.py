@@ -109,3 +109,36 @@ def test_pooling_is_refused_for_a_token_task(tiny, tmp_path):
     with pytest.raises(ValueError, match="pooling applies to sentence classification"):
         from attnlab.tasks.finetune import finetune
         finetune("conll2003", tiny, tmp_path / "o", pooling="mean")
+
+
+def test_fit_logistic_separates_separable_data_and_matches_the_l2_optimum():
+    from attnlab.tasks.probe import fit_logistic
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    w, b = fit_logistic(x, y, 2)
+    assert ((x @ w.T + b).argmax(-1) == y).float().mean() > 0.97
+    # at the optimum the gradient of the penalised objective vanishes
+    w_, b_ = w.clone().requires_grad_(), b.clone().requires_grad_()
+    loss = torch.nn.functional.cross_entropy(x @ w_.T + b_, y) + w_.pow(2).sum() / (2 * len(x))
+    loss.backward()
+    assert w_.grad.abs().max() < 1e-3 and b_.grad.abs().max() < 1e-3
+
+
+def test_probe_init_puts_the_probe_into_the_classifier(tiny):
+    from attnlab.tasks import get_task
+    from attnlab.tasks.finetune import load_for_task
+    from attnlab.tasks.probe import probe_init, sentence_vectors
+    task, tok = get_task("sst2"), attnlab.load_tokenizer(tiny)
+    examples = [{"texts": [f"a {'good' if i % 2 else 'bad'} film number {i}"], "label": str(i % 2), "source": "t", "line": i} for i in range(40)]
+    net = load_for_task(task, tiny, task.model_extra(["0", "1"]), "mean")
+    feats = task.features(examples, tok, 32, {"0": 0, "1": 1}, training=True)
+    fit = probe_init(net, feats, tok.pad_token_id)
+    assert fit > 90  # "good" vs "bad" is linear even in a random tiny model's mean vectors
+    x = sentence_vectors(net, feats, tok.pad_token_id)
+    from attnlab.tasks.common import collate
+    batch = collate(feats[:4], tok.pad_token_id)
+    with torch.no_grad():
+        logits = net.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            token_type_ids=batch["token_type_ids"]).logits
+    torch.testing.assert_close(logits, net.classifier(x[:4]), atol=1e-5, rtol=1e-5)

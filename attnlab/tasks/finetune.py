@@ -152,7 +152,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              max_train_samples: int | None = None, max_eval_samples: int | None = None,
              holdout: int | None = None, freeze_embeddings: bool = True, progress: bool = True,
              log_every: int = 50, from_scratch: bool = False, student_layers: int | None = None,
-             distill=None, pooling: str | None = None) -> dict:
+             distill=None, pooling: str | None = None, head_init: str | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Without a validation file the task's default is used, else `holdout`
@@ -161,8 +161,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     data). The split and the schedule are printed to stderr.
 
     pooling: what a sequence classifier reads, "cls" (the pooled [CLS] vector, BERT §4.1) or "mean" (the
-    masked mean of the last hidden states); None keeps the checkpoint's (a fine-tuned model) or follows
-    `default_pooling`.
+    masked mean of the last hidden states); None keeps the checkpoint's ("cls" for a Hugging Face BERT).
+    head_init: "probe" fits a logistic regression on the frozen sentence vectors and starts the classifier
+    from it (LP-FT, Kumar et al. 2022); "random" (the default) is BERT's fresh head.
     from_scratch: same architecture and tokenizer, random weights (the baseline a pretrained model must beat).
     student_layers: task distillation (Sanh et al. 2019, §3 applied to a task): `model` is a model already
     fine-tuned on `task`, the teacher; a student of `student_layers` layers starts from every other teacher
@@ -179,6 +180,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     if pooling is not None and head_class(task).__name__ != "SequenceClassification":
         raise ValueError(f"finetune {task.name}: pooling applies to sentence classification; "
                          f"{task.name} trains a {task.architecture}")
+    if head_init not in (None, "probe", "random"):
+        raise ValueError(f"finetune: head_init={head_init!r} is not one of probe, random")
+    if head_init == "probe" and (head_class(task).__name__ != "SequenceClassification"
+                                 or getattr(task, "regression", False) or student_layers is not None):
+        raise ValueError(f"finetune {task.name}: a linear-probe head (head_init='probe') needs a sentence "
+                         "classification task without distillation")
     hp = {**dict(epochs=3, lr=5e-5, batch_size=32, max_length=128), **task.hyper}
     epochs_given, batch_given, lr_given = epochs is not None, batch_size is not None, lr is not None
     epochs = hp["epochs"] if epochs is None else epochs
@@ -238,6 +245,14 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
     if freeze_embeddings:
         net.backbone.embeddings.tok.weight.requires_grad_(False)
+    # the default is BERT's fresh head: the probe start measured no better (experiments/fewlabel/RESULTS.md)
+    head_init = head_init or "random"
+    if head_init == "probe":
+        from .probe import probe_init
+        t0 = time.time()
+        fit = probe_init(net, feats, tokenizer.pad_token_id)
+        print(f"finetune {task.name}: head warm-started from a linear probe on the frozen sentence vectors "
+              f"({fit:.1f}% on the training examples, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     lengths, pad_id = [len(f["input_ids"]) for f in feats], tokenizer.pad_token_id
     data = EpochBatches(lambda epoch: length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch),
@@ -269,7 +284,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                "train_examples": len(train_ex), "valid_examples": len(valid_ex), "steps": step,
                "best_step": best.get("step"), "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings,
-               **({"pooling": net.config.classifier_pooling} if pooled else {}),
+               **({"pooling": net.config.classifier_pooling, "head_init": head_init} if pooled else {}),
                **({"from_scratch": True} if from_scratch else {}),
                **({"student_layers": student_layers, "teacher_layers": teacher.config.num_layers,
                    "parameters": net.num_parameters(), "teacher_parameters": teacher.num_parameters()}
