@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from attnlab.tasks.base import data_root
 from attnlab.tasks.ner import read_conll
+from timing import attnlab_json, record, run_measured
 
 
 def main() -> int:
@@ -40,28 +38,20 @@ def main() -> int:
     else:
         train_file = train_all
     run_dir = out / f"run-{a.n}-draw{a.draw_seed}-{'_'.join(x.strip('-') for x in a.extra) or 'defaults'}"
-    py = [sys.executable, "-m", "attnlab"]
     cmd = ["finetune", "conll2003", "--model", a.model, "--train", str(train_file), "--output", str(run_dir),
            "--no-progress", *a.extra]
-    load_before = os.getloadavg()
-    t0 = time.time()
-    done = subprocess.run(py + cmd, capture_output=True, text=True)
-    wall = time.time() - t0
+    done, timing = run_measured(cmd)
     if done.returncode:
         sys.stderr.write(done.stderr)
         return done.returncode
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    ev = subprocess.run(py + ["evaluate", "conll2003", "--model", str(run_dir), "--data", str(valid)],
-                        capture_output=True, text=True, check=True)
-    scores = json.loads(ev.stdout.strip().splitlines()[-1])
-    print(json.dumps({"n": a.n, "draw_seed": a.draw_seed, "valid_entity_f1": scores["f1"],
-                      "finetune_wall_s": round(wall, 1), "load_before": [round(x, 2) for x in load_before],
-                      "load_after": [round(x, 2) for x in os.getloadavg()], "steps": summary["steps"],
-                      "s_per_step": round(wall / max(1, summary["steps"]), 3),
-                      "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
-                      "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
-                      "split": [l for l in done.stderr.splitlines() if l.startswith("finetune conll2003:")],
-                      "command": "attnlab " + " ".join(cmd)}), flush=True)
+    scores = attnlab_json(["evaluate", "conll2003", "--model", str(run_dir), "--data", str(valid)])
+    record(out, {"n": a.n, "draw_seed": a.draw_seed, "valid_entity_f1": scores["f1"], **timing,
+                 "steps": summary["steps"], "s_per_step": round(timing["finetune_wall_s"] / max(1, summary["steps"]), 3),
+                 "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
+                 "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
+                 "split": [line for line in done.stderr.splitlines() if line.startswith("finetune conll2003:")],
+                 "command": "attnlab " + " ".join(cmd)})
     return 0
 
 

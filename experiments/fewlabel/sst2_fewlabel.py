@@ -10,22 +10,21 @@ from the rest: few-label users label sentences, not parse-tree fragments, and Se
     ... --n 0          # the whole remaining train.tsv (phrases included): the full-file row
     ... -- --lr 1e-4   # anything after -- is passed to finetune (for the lever table; the goal is none)
 
-Prints one JSON line: accuracy on the 872 clean sentences, wall time of finetune, load average, command.
+Prints one JSON line (and appends it to OUT/results.jsonl): accuracy on the 872 clean sentences, wall time
+and CPU seconds of finetune, load average, command.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from attnlab.tasks import get_task
 from attnlab.tasks.base import data_root
 from attnlab.tasks.finetune import _phrases, sentence_holdout
+from timing import attnlab_json, record, run_measured
 
 
 def _write(path: Path, examples: list[dict]) -> None:
@@ -67,28 +66,21 @@ def main() -> int:
     else:
         train_file = rest_file
     run_dir = out / f"run-{a.n}-draw{a.draw_seed}-{'_'.join(x.strip('-') for x in a.extra) or 'defaults'}"
-    py = [sys.executable, "-m", "attnlab"]
     cmd = ["finetune", "sst2", "--model", a.model, "--train", str(train_file), "--output", str(run_dir),
            "--no-progress", *a.extra]
-    load_before = os.getloadavg()
-    t0 = time.time()
-    done = subprocess.run(py + cmd, capture_output=True, text=True)
-    wall = time.time() - t0
+    done, timing = run_measured(cmd)
     if done.returncode:
         sys.stderr.write(done.stderr)
         return done.returncode
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    split = [line for line in done.stderr.splitlines() if line.startswith("finetune sst2:")]
-    ev = subprocess.run(py + ["evaluate", "sst2", "--model", str(run_dir), "--data", str(held_file)],
-                        capture_output=True, text=True, check=True)
-    acc = json.loads(ev.stdout.strip().splitlines()[-1])["accuracy"]
-    print(json.dumps({"n": a.n, "draw_seed": a.draw_seed, "clean_heldout_accuracy": acc,
-                      "finetune_wall_s": round(wall, 1), "load_before": [round(x, 2) for x in load_before],
-                      "load_after": [round(x, 2) for x in os.getloadavg()], "steps": summary["steps"],
-                      "s_per_step": round(wall / max(1, summary["steps"]), 3),
-                      "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
-                      "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
-                      "split": split, "command": "attnlab " + " ".join(cmd)}), flush=True)
+    acc = attnlab_json(["evaluate", "sst2", "--model", str(run_dir), "--data", str(held_file)])["accuracy"]
+    record(out, {"n": a.n, "draw_seed": a.draw_seed, "clean_heldout_accuracy": acc, **timing,
+                 "steps": summary["steps"], "s_per_step": round(timing["finetune_wall_s"] / max(1, summary["steps"]), 3),
+                 "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
+                 "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
+                 "pooling": summary.get("pooling"),
+                 "split": [line for line in done.stderr.splitlines() if line.startswith("finetune sst2:")],
+                 "command": "attnlab " + " ".join(cmd)})
     return 0
 
 

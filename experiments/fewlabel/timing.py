@@ -1,0 +1,40 @@
+"""What both few-label harnesses share: run one `attnlab` command and measure it (wall seconds, the child's
+user + system CPU seconds, the load average before and after: the machine is shared), and keep each
+result row in OUT/results.jsonl for the lever table."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_measured(args: list[str]) -> tuple[subprocess.CompletedProcess, dict]:
+    """`python -m attnlab ARGS`, and its wall time, CPU seconds and the load around it."""
+    load_before, cpu0, t0 = os.getloadavg(), _children_cpu(), time.time()
+    done = subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True)
+    wall, cpu = time.time() - t0, _children_cpu() - cpu0
+    return done, {"finetune_wall_s": round(wall, 1), "finetune_cpu_s": round(cpu, 1),
+                  "load_before": [round(x, 2) for x in load_before],
+                  "load_after": [round(x, 2) for x in os.getloadavg()]}
+
+
+def attnlab_json(args: list[str]) -> dict:
+    """The last stdout line of `python -m attnlab ARGS` (a JSON summary)."""
+    done = subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def record(out: Path, row: dict) -> None:
+    line = json.dumps(row)
+    print(line, flush=True)
+    with open(out / "results.jsonl", "a") as f:
+        f.write(line + "\n")
