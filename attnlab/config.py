@@ -29,6 +29,7 @@ NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh")  # geglu_tanh: T5 v1.1 "gated-gelu"
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+CLASSIFIER_POOLINGS = ("cls", "mean")  # what a sequence classifier reads: BERT's pooled [CLS], or a masked mean
 
 
 def type_mismatch(value: Any, annotation: Any) -> str | None:
@@ -92,6 +93,10 @@ class ModelConfig:
     scale_embeddings: bool = False      # token embeddings times sqrt(hidden_size) (Vaswani et al. 2017, §3.4)
     final_norm: bool | None = None      # None = True for pre-LN stacks, False for post-LN
     pooler: bool = True                 # BERT's tanh pooler over [CLS]
+    # the sequence classifier's input: "cls" = the pooler over [CLS] (BERT §4.1); "mean" = the mean of the
+    # last hidden states over real tokens, how sentence-transformers models (all-MiniLM-L6-v2) are trained
+    # (Reimers & Gurevych 2019, §3) and read by SetFit; such a classifier has no pooler
+    classifier_pooling: str = "cls"
     tie_word_embeddings: bool = True
     share_layers: bool = False          # ALBERT: one block's parameters reused by every layer (Lan et al. 2020, §3.1)
 
@@ -143,7 +148,8 @@ class ModelConfig:
 
         self._check_types()
         for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
-                              ("activation", ACTIVATIONS), ("attn_implementation", ATTN_IMPLEMENTATIONS)):
+                              ("activation", ACTIVATIONS), ("attn_implementation", ATTN_IMPLEMENTATIONS),
+                              ("classifier_pooling", CLASSIFIER_POOLINGS)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"is not one of {', '.join(allowed)}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",

@@ -56,7 +56,12 @@ class _WithBackbone(Model):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.backbone = Encoder(config if self.uses_pooler else replace(config, pooler=False))
+        self.backbone = Encoder(config if self.reads_pooler(config) else replace(config, pooler=False))
+
+    @classmethod
+    def reads_pooler(cls, config: ModelConfig) -> bool:
+        """Whether this head reads the backbone's pooler (else the backbone is built without one)."""
+        return cls.uses_pooler
 
     def _run_backbone(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                       inputs_embeds=None, output_attentions=False, output_hidden_states=False) -> ModelOutput:
@@ -192,20 +197,40 @@ class _Classifier(_WithBackbone):
         self.init_weights()
 
 
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of `hidden` (batch, seq, dim) over the real tokens (attention_mask 1), [CLS] and [SEP]
+    included, as sentence-transformers' mean pooling (Reimers & Gurevych 2019, §3): padding changes nothing."""
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
 class SequenceClassification(_Classifier):
-    """Encoder + dropout + linear on the pooled [CLS] vector: BertForSequenceClassification (BERT §4.1).
-    One output with MSE loss for regression (STS-B), else cross-entropy over `num_labels` classes."""
+    """Encoder + dropout + linear on a sentence vector: BertForSequenceClassification (BERT §4.1) reads the
+    pooled [CLS] vector (config.classifier_pooling "cls"); "mean" reads the masked mean of the last hidden
+    states instead and has no pooler (sentence-transformers models such as all-MiniLM-L6-v2 were trained
+    that way and ship none). One output with MSE loss for regression (STS-B), else cross-entropy over
+    `num_labels` classes."""
     hf_architecture = "BertForSequenceClassification"
 
+    @classmethod
+    def reads_pooler(cls, config: ModelConfig) -> bool:
+        return config.classifier_pooling == "cls"
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
                 output_hidden_states=False) -> ModelOutput:
         out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                  output_attentions, output_hidden_states)
-        if out.pooler_output is None:
-            raise ValueError("sequence classification reads the pooled [CLS] vector; this config has pooler=False")
-        out.logits = self.classifier(self.dropout(out.pooler_output))
+        if self.config.classifier_pooling == "mean":
+            pooled = mean_pool(out.last_hidden_state, attention_mask)
+        elif out.pooler_output is None:
+            raise ValueError("sequence classification reads the pooled [CLS] vector; this config has pooler=False "
+                             "(or set classifier_pooling='mean')")
+        else:
+            pooled = out.pooler_output
+        out.logits = self.classifier(self.dropout(pooled))
         if labels is not None:
             if is_regression(self.config):
                 out.loss = F.mse_loss(out.logits.squeeze(-1).float(), labels.float())

@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patience", type=int, help="stop after N evaluations without improvement")
     p.add_argument("--max-train-samples", type=int, help="train on a seeded random subset of this size")
     p.add_argument("--max-eval-samples", type=int, help="validate on a seeded random subset of this size")
+    p.add_argument("--pooling", choices=("cls", "mean"),
+                   help="sentence vector of a classifier: the pooled [CLS] (BERT) or the mean over tokens "
+                        "(default: the rule below)")
     p.add_argument("--train-embeddings", action="store_true",
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--from-scratch", action="store_true",
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                        seed=args.seed, eval_every=args.eval_every, patience=args.patience,
                        max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
-                       from_scratch=args.from_scratch)
+                       from_scratch=args.from_scratch, pooling=args.pooling)
     print(json.dumps(summary))
     return 0
 

@@ -163,7 +163,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                causal=cfg.causal, sliding_window=cfg.sliding_window, attention_scale=cfg.attention_scale,
                embedding_norm=cfg.embedding_norm, final_norm=cfg.has_final_norm,
                tie_word_embeddings=cfg.tie_word_embeddings, norm_eps=cfg.norm_eps,
-               share_layers=getattr(cfg, "share_layers", False))
+               share_layers=getattr(cfg, "share_layers", False),
+               classifier_pooling=cfg.classifier_pooling)  # a mean-pooling head would load as [CLS] + pooler
     if cfg.position in ("learned", "sinusoidal"):
         sig["max_position_embeddings"] = cfg.max_position_embeddings
     if cfg.position == "rope":

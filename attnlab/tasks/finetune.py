@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import CLASSIFIER_POOLINGS
 from .base import Task, data_root, get_task, labels_of
 from .common import DataError, EpochBatches, collate, length_batches
 
@@ -151,7 +152,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              max_train_samples: int | None = None, max_eval_samples: int | None = None,
              holdout: int | None = None, freeze_embeddings: bool = True, progress: bool = True,
              log_every: int = 50, from_scratch: bool = False, student_layers: int | None = None,
-             distill=None) -> dict:
+             distill=None, pooling: str | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Without a validation file the task's default is used, else `holdout`
@@ -159,6 +160,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     the file by `holdout_size`). Unset epochs / batch size follow `default_schedule` (more steps for small
     data). The split and the schedule are printed to stderr.
 
+    pooling: what a sequence classifier reads, "cls" (the pooled [CLS] vector, BERT §4.1) or "mean" (the
+    masked mean of the last hidden states); None keeps the checkpoint's (a fine-tuned model) or follows
+    `default_pooling`.
     from_scratch: same architecture and tokenizer, random weights (the baseline a pretrained model must beat).
     student_layers: task distillation (Sanh et al. 2019, §3 applied to a task): `model` is a model already
     fine-tuned on `task`, the teacher; a student of `student_layers` layers starts from every other teacher
@@ -170,6 +174,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     from ..interop.native import save_model
 
     task = get_task(task) if isinstance(task, str) else task
+    if pooling is not None and pooling not in CLASSIFIER_POOLINGS:
+        raise ValueError(f"finetune: pooling={pooling!r} is not one of {', '.join(CLASSIFIER_POOLINGS)}")
+    if pooling is not None and head_class(task).__name__ != "SequenceClassification":
+        raise ValueError(f"finetune {task.name}: pooling applies to sentence classification; "
+                         f"{task.name} trains a {task.architecture}")
     hp = {**dict(epochs=3, lr=5e-5, batch_size=32, max_length=128), **task.hyper}
     epochs_given, batch_given, lr_given = epochs is not None, batch_size is not None, lr is not None
     epochs = hp["epochs"] if epochs is None else epochs
@@ -210,7 +219,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     tokenizer = load_tokenizer(model)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(newly initialised|unused tensors).*")  # a fresh head
-        net = load_for_task(task, model, task.model_extra(labels))
+        net = load_for_task(task, model, task.model_extra(labels), pooling)
     teacher, loss_fn = None, None  # None: the Trainer's model(**batch).loss
     if from_scratch:
         net.init_weights()
@@ -235,8 +244,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                         lambda idx: collate([feats[i] for i in idx], pad_id))
     steps_per_epoch = len(data)
     total = max(1, math.ceil(steps_per_epoch * epochs))
+    pooled = type(net).__name__ == "SequenceClassification"
     print(f"finetune {task.name}: {total} steps = {epochs:g} epochs of {steps_per_epoch} batches of {batch_size}, "
-          f"lr {lr:g}", file=sys.stderr, flush=True)
+          f"lr {lr:g}" + (f", {net.config.classifier_pooling} pooling" if pooled else ""), file=sys.stderr, flush=True)
     (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
     args = TrainArgs(output_dir=str(output), max_steps=total, lr=lr, warmup_steps=int(total * warmup_ratio),
                      schedule="linear", weight_decay=weight_decay, eps=1e-8, clip_norm=1.0, seed=seed,
@@ -259,6 +269,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                "train_examples": len(train_ex), "valid_examples": len(valid_ex), "steps": step,
                "best_step": best.get("step"), "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings,
+               **({"pooling": net.config.classifier_pooling} if pooled else {}),
                **({"from_scratch": True} if from_scratch else {}),
                **({"student_layers": student_layers, "teacher_layers": teacher.config.num_layers,
                    "parameters": net.num_parameters(), "teacher_parameters": teacher.num_parameters()}
@@ -275,11 +286,12 @@ def head_class(task: Task):
     return FAMILIES["bert"].architectures[task.architecture][0]
 
 
-def load_for_task(task: Task, model: str | Path, extra: dict):
+def load_for_task(task: Task, model: str | Path, extra: dict, pooling: str | None = None):
     """`model` with the task's head: the family's own class for it when it has one (RobertaForSequenceClassification
     for a RoBERTa), else the same head over the model's backbone (an ELECTRA discriminator, or a pretraining
     checkpoint saved in attnlab's own layout, gets a pooler and a classifier), which `save_model` then writes
-    in attnlab's own layout."""
+    in attnlab's own layout. `pooling` ("cls" / "mean") sets a sequence classifier's
+    config.classifier_pooling; None keeps the checkpoint's."""
     from dataclasses import replace
 
     from ..interop import load
@@ -288,25 +300,32 @@ def load_for_task(task: Task, model: str | Path, extra: dict):
     from ..interop.local import resolve
     path = resolve(model)
     cls = head_class(task)
+    net = None
     if path.suffix.lower() == ".gguf":
-        return load(path, architecture=task.architecture, extra=extra)
-    if (path / "config.json").exists():
+        net = load(path, architecture=task.architecture, extra=extra)
+    elif (path / "config.json").exists():
         config, _ = config_from_hf_dir(path)
         family = FAMILIES[config.model_type]
         names = [name for name, (c, _) in family.architectures.items() if c is cls]
         if names:
-            return load(path, architecture=names[0], extra=extra)
-    loaded = load(path)  # attnlab's own layout names its class (e.g. a pre-LN BertForPreTraining)
-    if isinstance(loaded, cls):
-        return load(path, extra=extra)
-    backbone = getattr(loaded, "backbone", loaded)
-    needs_pooler = cls.__name__ == "SequenceClassification"
-    net = cls(replace(backbone.config, pooler=backbone.config.pooler or needs_pooler,
-                      extra={**backbone.config.extra, **extra}))
-    missing, unexpected = net.backbone.load_state_dict(backbone.state_dict(), strict=False)
+            net = load(path, architecture=names[0], extra=extra)
+    if net is None:
+        loaded = load(path)  # attnlab's own layout names its class (e.g. a pre-LN BertForPreTraining)
+        net = load(path, extra=extra) if isinstance(loaded, cls) else loaded
+    if isinstance(net, cls) and (pooling is None or net.config.classifier_pooling == pooling):
+        return net
+    # a new head over the loaded backbone: another head class, or another classifier pooling
+    backbone = getattr(net, "backbone", net)
+    config = replace(net.config, extra={**net.config.extra, **extra})
+    if pooling is not None:
+        config = replace(config, classifier_pooling=pooling)
+    config = replace(config, pooler=config.pooler or cls.reads_pooler(config))
+    fresh = cls(config)
+    missing, unexpected = fresh.backbone.load_state_dict(backbone.state_dict(), strict=False)
+    unexpected = [k for k in unexpected if not k.startswith("pooler.")]  # a mean-pooling head reads no pooler
     if unexpected or any(not k.startswith("pooler.") for k in missing):
         raise ValueError(f"{path}: its backbone does not fit a {cls.__name__} (missing {missing}, unexpected {unexpected})")
-    return net
+    return fresh
 
 
 def _load_for_eval(task: Task, model: str | Path):
