@@ -66,11 +66,12 @@ def main() -> int:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--random", action="store_true", help="also score the first model's architecture from random init")
     ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--tokenizer", help="tokenizer directory, for checkpoints saved without one (default: the model's)")
     a = ap.parse_args()
     data = sst2_probe_data(a.n)
     runs = [(m, False) for m in a.models] + ([(a.models[0], True)] if a.random else [])
     for path, rand in runs:
-        tok = attnlab.load_tokenizer(path)
+        tok = attnlab.load_tokenizer(a.tokenizer or path)
         model = attnlab.load(path)
         if rand:
             torch.manual_seed(0)
