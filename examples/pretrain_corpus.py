@@ -1,6 +1,14 @@
 """Write the unlabeled text of the shared data sets as pretraining files, never the evaluated text.
 
     python examples/pretrain_corpus.py OUT_DIR        # then: attnlab tokenizer train ... OUT_DIR/*.txt
+    python examples/pretrain_corpus.py OUT_DIR --repeat sst2-train-sentences=20 --repeat conll2003-train=3
+
+`--repeat NAME=K` writes source NAME as K copies, each its own document (3 blank lines apart), so a
+one-hour run sees the few in-domain sentences K times instead of once among 19th-century prose
+(task-adaptive pretraining's point, Gururangan et al. 2020, folded into the main run). The copies are
+identical, so with `heldout_mode: tail` every copy holds out the same last sentences: the held-out
+text is still never trained on. Blocks are cut at different offsets in each copy (the packing runs
+across documents), and the masks are drawn anew, so the copies are not identical examples.
 
 One file per source, one document per file (sentences one per line, a blank line between documents
 where the source has them). What is left out, and why:
@@ -78,7 +86,13 @@ def squad_contexts(root: Path) -> list[str]:
     return out
 
 
-def main(out: Path) -> None:
+def repeated_text(lines: list[str], k: int = 1) -> str:
+    """`lines` as K identical documents: 3 blank lines end a document (attnlab.data.corpus, documents=auto)."""
+    return "\n\n\n\n".join(["\n".join(lines) + "\n"] * k)
+
+
+def main(out: Path, repeat: dict[str, int] | None = None) -> None:
+    repeat = repeat or {}
     root = Path(os.environ.get("ATTNLAB_DATA", "../shared/data"))
     out.mkdir(parents=True, exist_ok=True)
     glue = root / "glue"
@@ -92,12 +106,28 @@ def main(out: Path) -> None:
         "multi30k-train-en": (root / "multi30k" / "train.en").read_text(encoding="utf-8").splitlines(),
         "squad-train-contexts": squad_contexts(root),
     }
+    unknown = sorted(set(repeat) - set(parts))
+    if unknown:
+        sys.exit(f"--repeat {unknown[0]}: no such source; sources: {', '.join(parts)}")
     for name, lines in parts.items():
-        (out / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        print(f"{name}: {sum(1 for x in lines if x)} lines, {sum(len(x.split()) for x in lines):,} words")
+        k = repeat.get(name, 1)
+        (out / f"{name}.txt").write_text(repeated_text(lines, k), encoding="utf-8")
+        print(f"{name}: {sum(1 for x in lines if x)} lines, {sum(len(x.split()) for x in lines):,} words"
+              + (f", written {k} times" if k > 1 else ""))
+
+
+def _parse_repeat(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, k = item.partition("=")
+        if not k.isdigit() or int(k) < 1:
+            sys.exit(f"--repeat {item!r}: expected NAME=K with K a positive integer")
+        out[name] = int(k)
+    return out
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    if len(args) < 1 or len(args) % 2 != 1 or any(a != "--repeat" for a in args[1::2]):
         sys.exit(__doc__)
-    main(Path(sys.argv[1]))
+    main(Path(args[0]), _parse_repeat(args[2::2]))

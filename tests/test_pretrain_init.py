@@ -160,3 +160,18 @@ def test_init_from_errors_name_the_field(corpus, tmp_path):
         _run(corpus, tmp_path / "x", f"model.init_from={src}", "model.hidden_size=64")
     with pytest.raises(FileNotFoundError, match="model.init_from=.*no such directory"):
         _run(corpus, tmp_path / "x", f"model.init_from={tmp_path / 'nothing'}")
+
+
+def test_embedding_init_ppmi_starts_from_the_corpus_vectors(corpus: Path, tmp_path):
+    from attnlab.data.cooccur import ppmi_embeddings
+    out = tmp_path / "ppmi"
+    _run(corpus, out, *TINY, "model.embedding_init=ppmi", "train.max_steps=1", "train.lr=1e-9",
+         "train.weight_decay=0", "train.eval_every=0")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["embedding_init"] == "ppmi" and summary["embedding_init_s"] >= 0
+    shards = open_shards(corpus, "train")
+    expected = ppmi_embeddings((s.tokens[:s.num_tokens] for s in shards), attnlab.load(out / "model").config.vocab_size, 32, seed=0)
+    got = attnlab.load(out / "model").backbone.embeddings.tok.weight.detach().numpy()
+    assert np.abs(got - expected).max() < 1e-4     # one step at lr 1e-9 moves nothing visible
+    with pytest.raises(ConfigError, match="embedding_init"):
+        _run(corpus, tmp_path / "bad", *TINY, "model.embedding_init=glove")

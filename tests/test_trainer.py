@@ -216,9 +216,11 @@ def test_shipped_configs_build(name, data_dir):
     assert model_cfg.causal == (obj.kind == "clm") and model_cfg.vocab_size == tok.vocab_size
     if name == "pretrain-bert-mini":
         assert (model_cfg.num_layers, model_cfg.hidden_size, obj.kind) == (4, 256, "mlm+nsp")
-    if name == "pretrain-bert-cpu":  # the transfer recipe of issue #21: MLM only, 20% masking, 64 tokens, 1 hour
-        assert (model_cfg.num_layers, model_cfg.hidden_size, obj.kind, cfg.objective.mask_prob, cfg.data.seq_len,
-                cfg.train.max_minutes) == (4, 256, "mlm", 0.2, 64, 60)
+    if name == "pretrain-bert-cpu":  # the transfer recipe of issue #21: PPMI init, then MLM only, 30% masking,
+        # 64 tokens, pre-LN, bf16, 25 minutes (+ the PPMI counts: within the hour)
+        assert (model_cfg.num_layers, model_cfg.hidden_size, model_cfg.norm_placement, obj.kind,
+                cfg.objective.mask_prob, cfg.data.seq_len, cfg.model["embedding_init"], cfg.train.precision,
+                cfg.train.max_minutes) == (4, 256, "pre", "mlm", 0.3, 64, "ppmi", "bf16", 25)
     if name == "pretrain-gpt-shakespeare-char":
         assert (model_cfg.num_layers, model_cfg.num_heads, model_cfg.hidden_size, cfg.data.seq_len,
                 cfg.data.batch_size, cfg.train.max_steps, model_cfg.dropout) == (4, 4, 128, 64, 12, 2000, 0.0)

@@ -6,6 +6,7 @@ that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
     model:      preset: bert-mini        # any attnlab.config preset, then ModelConfig fields
                 max_position_embeddings: 128
                 # or: init_from: DIR         # continue from a checkpoint (its architecture, its weights)
+                embedding_init: ppmi         # word embeddings from corpus counts first (attnlab.data.cooccur)
     data:       path: /work/runs/corpus  # a prepared corpus (attnlab prepare); built first if absent
                 files: [...]             #   from these files (globs; $ATTNLAB_DATA is expanded)
                 tokenizer: DIR | char    #   with this tokenizer (a directory, or "char" to build one)
@@ -180,8 +181,12 @@ def ensure_corpus(cfg: DataConfig, progress: bool = True) -> Path:
     return path
 
 
+EMBEDDING_INITS = ("random", "ppmi")
+
+
 def build_model_config(model: dict, tokenizer, seq_len: int) -> ModelConfig:
     values = dict(model)
+    values.pop("embedding_init", None)
     name = values.pop("preset", None)
     values.setdefault("vocab_size", tokenizer.vocab_size)
     values.setdefault("pad_token_id", tokenizer.pad_token_id)
@@ -209,6 +214,12 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
     tokenizer = load_tokenizer(corpus / "tokenizer")
     objective = build_objective(cfg.objective, tokenizer, cfg.data.seq_len)
     source = cfg.model.get("init_from")
+    embedding_init = cfg.model.get("embedding_init", "random")
+    if embedding_init not in EMBEDDING_INITS:
+        raise ConfigError(f"model.embedding_init={embedding_init!r}: expected one of {', '.join(EMBEDDING_INITS)}")
+    if source and embedding_init != "random":
+        raise ConfigError("model.embedding_init and model.init_from exclude each other: init_from brings its "
+                          "own embeddings")
     if source:
         model = init_from(source, objective, tokenizer, cfg.model, cfg.data.seq_len, seed=cfg.train.seed,
                           verbose=rank == 0)
@@ -222,6 +233,8 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
     if not source:
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank and every run
         model = objective.model_class(model_cfg)
+        if embedding_init == "ppmi" and not cfg.train.resume:
+            init_seconds = ppmi_init(model, open_shards(corpus, "train"), seed=cfg.train.seed, verbose=rank == 0)
 
     slices = cfg.data.slices or world
     if slices % world:
@@ -253,7 +266,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
     trainer = Trainer(model, cfg.train, train, loss_fn=objective.loss, eval_data=eval_data, metrics_fn=metrics_fn)
     metrics = trainer.train()
     if rank == 0:
-        write_summary(cfg, model, trainer, metrics, ceiling, world)
+        write_summary(cfg, model, trainer, metrics, ceiling, world,
+                      extra={"embedding_init": embedding_init, "embedding_init_s": init_seconds}
+                      if embedding_init != "random" and not cfg.train.resume else None)
     model = trainer.full_model()  # train.parallel=fsdp: gathered from the shards (every rank takes part)
     if rank == 0:
         # OUTPUT/model: weights + config + tokenizer in one directory, which every command takes as
@@ -266,6 +281,25 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
             save_model(model, final)
         tokenizer.save(final)
     return metrics
+
+
+def ppmi_init(model, shards, seed: int = 0, verbose: bool = True) -> float:
+    """Overwrite the token embedding (tied to the MLM decoder) with PPMI-SVD vectors of the training shards;
+    returns the seconds it took (part of the recipe's time budget)."""
+    import torch
+
+    from ..data.cooccur import ppmi_embeddings
+    start = time.perf_counter()
+    table = getattr(model, "backbone", model).embeddings.tok.weight
+    streams = (shard.tokens[:shard.num_tokens] for shard in shards)
+    vectors = ppmi_embeddings(streams, table.shape[0], table.shape[1], seed=seed)
+    with torch.no_grad():
+        table.copy_(torch.from_numpy(vectors))
+    seconds = time.perf_counter() - start
+    if verbose:
+        print(f"embedding_init ppmi: {table.shape[0]} x {table.shape[1]} from the training shards in {seconds:.0f} s",
+              file=sys.stderr)
+    return round(seconds, 1)
 
 
 def init_from(directory: str, objective, tokenizer, model_section: dict, seq_len: int, seed: int = 0,
@@ -355,7 +389,8 @@ def train_flops_per_token(model, seq_len: int, mask_prob: float | None) -> float
     return total + 12 * cfg.num_layers * seq_len * cfg.hidden_size
 
 
-def write_summary(cfg: PretrainConfig, model, trainer, metrics: dict, ceiling: float, world: int) -> None:
+def write_summary(cfg: PretrainConfig, model, trainer, metrics: dict, ceiling: float, world: int,
+                  extra: dict | None = None) -> None:
     """OUTPUT/summary.json: tokens seen, training tokens/s (median of the logged intervals, evaluations
     and checkpoints excluded), MFU against the measured matmul ceiling, load average, final metrics."""
     import json
@@ -378,6 +413,7 @@ def write_summary(cfg: PretrainConfig, model, trainer, metrics: dict, ceiling: f
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "elapsed_s": rows[-1].get("elapsed_s") if rows and "elapsed_s" in rows[-1] else
         max((r.get("elapsed_s", 0) for r in rows), default=0),
+        **(extra or {}),
         **{k: round(v, 6) for k, v in metrics.items()},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
