@@ -23,7 +23,13 @@ def cli(argv: list[str]) -> None:
         raise SystemExit(f"demo: `attnlab {' '.join(argv)}` failed")
 
 
+_last = [time.perf_counter()]
+
+
 def section(title: str) -> None:
+    now = time.perf_counter()
+    print(f"(previous step: {now - _last[0]:.1f}s)", flush=True)  # where the demo's time goes
+    _last[0] = now
     print(f"\n{'=' * 100}\n{title}\n{'=' * 100}", flush=True)
 
 
