@@ -114,3 +114,20 @@ def test_a_validation_subset_that_would_change_with_the_seed_is_refused(tmp_path
     with pytest.raises(ValueError, match="max_eval_samples with several seeds"):
         learning_curve("sst2", [ModelSpec("minilm")], [10], tmp_path, seeds=(1, 2), max_eval_samples=100)
     assert not (tmp_path / "curve.json").exists()
+
+
+def test_pooling_and_train_embeddings_reach_every_finetune(tiny, files, tmp_path, monkeypatch):
+    """--pooling and --train-embeddings pass through to each run and are part of the curve's settings, so a
+    rerun with another pooling cannot mix its points into this curve."""
+    train, valid = files
+    seen = []
+    import attnlab.tasks as tasks
+    monkeypatch.setattr(tasks, "finetune", lambda *a, **k: seen.append(k) or finetune_fn(*a, **k))
+    out = tmp_path / "curve"
+    argv = ["curve", "sst2", "--scratch", str(tiny), "--sizes", "4", "--train", str(train), "--valid", str(valid),
+            "--epochs", "1", "--batch-size", "4", "--pooling", "mean", "--train-embeddings", "--output", str(out)]
+    assert main(argv) == 0
+    assert [(k["pooling"], k["freeze_embeddings"]) for k in seen] == [("mean", False)]
+    settings = json.loads((out / "curve.json").read_text())["settings"]
+    assert settings["pooling"] == "mean" and settings["freeze_embeddings"] is False
+    assert main(argv[:-4] + ["cls", "--train-embeddings", "--output", str(out)]) == 1   # other pooling: refused

@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="examples per step (task default)")
     p.add_argument("--max-length", type=int, help="tokens per input (task default)")
     p.add_argument("--train-embeddings", action="store_true", help="also update the word embeddings (frozen by default)")
+    p.add_argument("--pooling", choices=("cls", "mean"),
+                   help="classifier's sentence vector: pooled [CLS] or mean over tokens (finetune's default rule)")
     p.add_argument("--keep-models", action="store_true", help="keep every run's fine-tuned weights")
 
 
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"--seeds: {args.seeds!r} is not a comma-separated list of integers") from None
     options = {k: v for k, v in dict(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                                      max_length=args.max_length).items() if v is not None}
+                                      max_length=args.max_length, pooling=args.pooling).items() if v is not None}
     if args.train_embeddings:
         options["freeze_embeddings"] = False
     learning_curve(args.task, args.models, parse_sizes(args.sizes), args.output, seeds=seeds or (42,),
