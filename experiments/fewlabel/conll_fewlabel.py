@@ -8,14 +8,13 @@ FILE holds N sentences drawn with `--draw-seed` from train.txt (0: all of train.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
 
 from attnlab.tasks.base import data_root
 from attnlab.tasks.ner import read_conll
-from timing import attnlab_json, record, run_measured
+from timing import finetune_and_score
 
 
 def main() -> int:
@@ -37,22 +36,8 @@ def main() -> int:
                                       for s in chosen))
     else:
         train_file = train_all
-    run_dir = out / f"run-{a.n}-draw{a.draw_seed}-{'_'.join(x.strip('-') for x in a.extra) or 'defaults'}"
-    cmd = ["finetune", "conll2003", "--model", a.model, "--train", str(train_file), "--output", str(run_dir),
-           "--no-progress", *a.extra]
-    done, timing = run_measured(cmd)
-    if done.returncode:
-        sys.stderr.write(done.stderr)
-        return done.returncode
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    scores = attnlab_json(["evaluate", "conll2003", "--model", str(run_dir), "--data", str(valid)])
-    record(out, {"n": a.n, "draw_seed": a.draw_seed, "valid_entity_f1": scores["f1"], **timing,
-                 "steps": summary["steps"], "s_per_step": round(timing["finetune_wall_s"] / max(1, summary["steps"]), 3),
-                 "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
-                 "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
-                 "split": [line for line in done.stderr.splitlines() if line.startswith("finetune conll2003:")],
-                 "command": "attnlab " + " ".join(cmd)})
-    return 0
+    return finetune_and_score("conll2003", a.model, train_file, out, a.n, a.draw_seed, a.extra, valid, "f1",
+                              "valid_entity_f1")
 
 
 if __name__ == "__main__":

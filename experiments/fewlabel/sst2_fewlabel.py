@@ -16,7 +16,6 @@ and CPU seconds of finetune, load average, command.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 from attnlab.tasks import get_task
 from attnlab.tasks.base import data_root
 from attnlab.tasks.finetune import _phrases, sentence_holdout
-from timing import attnlab_json, record, run_measured
+from timing import finetune_and_score
 
 
 def _write(path: Path, examples: list[dict]) -> None:
@@ -65,23 +64,8 @@ def main() -> int:
         _write(train_file, train)
     else:
         train_file = rest_file
-    run_dir = out / f"run-{a.n}-draw{a.draw_seed}-{'_'.join(x.strip('-') for x in a.extra) or 'defaults'}"
-    cmd = ["finetune", "sst2", "--model", a.model, "--train", str(train_file), "--output", str(run_dir),
-           "--no-progress", *a.extra]
-    done, timing = run_measured(cmd)
-    if done.returncode:
-        sys.stderr.write(done.stderr)
-        return done.returncode
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    acc = attnlab_json(["evaluate", "sst2", "--model", str(run_dir), "--data", str(held_file)])["accuracy"]
-    record(out, {"n": a.n, "draw_seed": a.draw_seed, "clean_heldout_accuracy": acc, **timing,
-                 "steps": summary["steps"], "s_per_step": round(timing["finetune_wall_s"] / max(1, summary["steps"]), 3),
-                 "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
-                 "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
-                 "pooling": summary.get("pooling"),
-                 "split": [line for line in done.stderr.splitlines() if line.startswith("finetune sst2:")],
-                 "command": "attnlab " + " ".join(cmd)})
-    return 0
+    return finetune_and_score("sst2", a.model, train_file, out, a.n, a.draw_seed, a.extra, held_file, "accuracy",
+                              "clean_heldout_accuracy")
 
 
 if __name__ == "__main__":

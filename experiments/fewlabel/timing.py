@@ -1,6 +1,6 @@
 """What both few-label harnesses share: run one `attnlab` command and measure it (wall seconds, the child's
 user + system CPU seconds, the load average before and after: the machine is shared), and keep each
-result row in OUT/results.jsonl for the lever table."""
+result row in OUT/results.jsonl for the lever table; `finetune_and_score` is one harness run end to end."""
 from __future__ import annotations
 
 import json
@@ -38,3 +38,26 @@ def record(out: Path, row: dict) -> None:
     print(line, flush=True)
     with open(out / "results.jsonl", "a") as f:
         f.write(line + "\n")
+
+
+def finetune_and_score(task: str, model: str, train_file: Path, out: Path, n: int, draw_seed: int,
+                       extra: list[str], eval_data: Path, metric: str, score_name: str) -> int:
+    """`attnlab finetune TASK --train FILE` with the harness's extra flags, measured; then `attnlab evaluate`
+    on `eval_data`; one row (score, timing, the schedule finetune chose, its split lines) into results.jsonl."""
+    run_dir = out / f"run-{n}-draw{draw_seed}-{'_'.join(x.strip('-') for x in extra) or 'defaults'}"
+    cmd = ["finetune", task, "--model", model, "--train", str(train_file), "--output", str(run_dir),
+           "--no-progress", *extra]
+    done, timing = run_measured(cmd)
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    score = attnlab_json(["evaluate", task, "--model", str(run_dir), "--data", str(eval_data)])[metric]
+    record(out, {"n": n, "draw_seed": draw_seed, score_name: score, **timing,
+                 "steps": summary["steps"], "s_per_step": round(timing["finetune_wall_s"] / max(1, summary["steps"]), 3),
+                 "train_examples": summary["train_examples"], "valid_examples": summary["valid_examples"],
+                 "epochs": summary["epochs"], "lr": summary["lr"], "batch_size": summary["batch_size"],
+                 "pooling": summary.get("pooling"),
+                 "split": [line for line in done.stderr.splitlines() if line.startswith(f"finetune {task}:")],
+                 "command": "attnlab " + " ".join(cmd)})
+    return 0
