@@ -186,8 +186,14 @@ def translate_toy() -> None:
          "--reference", str(d / "parallel-valid.de")])
 
 
+def claims_as_experiments() -> None:
+    section("10. the notes' claims as experiments (attnlab experiment --list): why scores are divided by sqrt(d_k)")
+    cli(["experiment", "sqrt-dk", "--output", str(OUT / "experiments")])
+
+
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
-            finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy]
+            finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
+            claims_as_experiments]
 
 
 def main() -> int:

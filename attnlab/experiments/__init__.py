@@ -1,0 +1,49 @@
+"""The notes' claims as experiments anyone can rerun: `attnlab experiment NAME` (or `run(NAME, out)`).
+
+Each experiment is one module with NAME, CLAIM and `run(out, *, tiny, data) -> Report`; the Report
+writes a markdown table with the verdict and a PNG next to it. `tiny=True` is the seconds-long version
+the tests run; the default is the full run (at most ~15 minutes on 2 cores), whose results
+docs/EXPERIMENTS.md gathers. A verdict is computed from the numbers, never written in advance: where a
+claim does not hold at this scale, the report says so.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from types import ModuleType
+
+from .report import Report
+
+# name on the command line -> module; the order is `attnlab experiment --list`'s (the notes' order).
+EXPERIMENTS = {
+    "parallel": "parallel",            # 2. parallel vs sequential: Transformer layer vs LSTM layer
+    "senses": "senses",                # 3. contextual vs static embeddings ("bank", "bat", ...)
+    "sqrt-dk": "sqrt_dk",              # 4. why attention scores are divided by sqrt(d_k)
+    "vocab-overlap": "vocab_overlap",  # 11. a vocabulary learned on books vs bert-base-uncased's
+}
+
+
+def experiment(name: str) -> ModuleType:
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; `attnlab experiment --list` shows "
+                         f"{', '.join(EXPERIMENTS)}")
+    return importlib.import_module(f"{__name__}.{EXPERIMENTS[name]}")
+
+
+def listing() -> list[tuple[str, str]]:
+    """(name, the claim it tests) for every experiment."""
+    return [(name, experiment(name).CLAIM) for name in EXPERIMENTS]
+
+
+def run(name: str, out: str | Path, *, tiny: bool = False, data: str | Path | None = None) -> Report:
+    """Run one experiment and write NAME.md + NAME.png (+ NAME.json) into `out`."""
+    module = experiment(name)
+    started = time.time()
+    report = module.run(Path(out), tiny=tiny, data=Path(data) if data else None)
+    report.seconds = time.time() - started
+    report.write(Path(out))
+    return report
+
+
+__all__ = ["EXPERIMENTS", "Report", "experiment", "listing", "run"]

@@ -1,0 +1,81 @@
+"""`attnlab experiment`: every experiment runs on tiny settings and writes its table, verdict and plot;
+the measurements behind the verdicts are checked where they have a known answer."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from attnlab.cli import main
+from attnlab.experiments import EXPERIMENTS, listing, run
+from attnlab.experiments.parallel import lstm_hidden_for
+from attnlab.experiments.senses import sense_scores
+from attnlab.experiments.sqrt_dk import measure
+from attnlab.experiments.vocab_overlap import overlap
+
+
+def _written(tmp_path, name):
+    md = (tmp_path / f"{name}.md").read_text()
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    png = (tmp_path / f"{name}.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
+    assert "**Verdict:" in md and data["verdict"] in md and data["holds"] in (True, False, None)
+    assert data["rows"] and all(len(r) == len(data["columns"]) for r in data["rows"])
+    return md, data
+
+
+def test_list_names_every_experiment_with_its_claim(capsys):
+    assert main(["experiment", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()] == list(EXPERIMENTS)
+    assert all(claim for _, claim in listing())
+
+
+def test_unknown_experiment_is_one_clear_line(capsys, tmp_path):
+    assert main(["experiment", "nope", "--output", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "unknown experiment 'nope'" in err and "sqrt-dk" in err
+
+
+def test_sqrt_dk_scaling_keeps_entropy_and_unscaled_collapses(tmp_path):
+    # the measurement itself: scaled logits have unit std at any d_k; unscaled grow as sqrt(d_k)
+    assert measure(1024, True)["logit_std"] == pytest.approx(1.0, abs=0.05)
+    assert measure(1024, False)["logit_std"] == pytest.approx(32.0, rel=0.05)
+    md, data = _written(tmp_path, run("sqrt-dk", tmp_path, tiny=True).name)
+    assert "attnlab experiment sqrt-dk --tiny" in md
+    entropy_scaled, entropy_unscaled = data["rows"][-1][3], data["rows"][-1][4]
+    assert entropy_unscaled < entropy_scaled
+
+
+def test_parallel_runs_and_sizes_the_lstm_to_equal_parameters(tmp_path):
+    width, params = 256, 790_000
+    h = lstm_hidden_for(params, width)
+    assert abs(4 * h * (width + h) + 8 * h - params) < 4 * (width + 2 * h) + 8  # nearest integer h
+    report = run("parallel", tmp_path, tiny=True)
+    _written(tmp_path, "parallel")
+    s = report.settings
+    assert abs(s["lstm_params"] - s["transformer_params"]) / s["transformer_params"] < 0.03
+
+
+def test_sense_scores_on_a_hand_made_case():
+    # two senses, two occurrences each: identical vectors within a sense, orthogonal across
+    vecs = np.array([[1.0, 0], [1.0, 0], [0, 1.0], [0, 1.0]])
+    within, across, nn = sense_scores(vecs, [0, 0, 1, 1])
+    assert (within, across, nn) == (1.0, 0.0, 1.0)
+    # a static representation: all equal, the nearest occurrence is chance (1 of the 3 others)
+    within, across, nn = sense_scores(np.ones((4, 2)), [0, 0, 1, 1])
+    assert within == pytest.approx(across) and nn == pytest.approx(1 / 3)
+
+
+def test_senses_static_cannot_separate_contextual_does(tmp_path, data_dir, minilm):
+    _, data = _written(tmp_path, run("senses", tmp_path, tiny=True, data=data_dir).name)
+    gap = {(r[0], r[1]): r[4] for r in data["rows"]}
+    assert gap[("bank", "word2vec")] == 0
+    assert gap[("bank", "MiniLM last layer")] > gap[("bank", "MiniLM embedding layer")]
+
+
+def test_vocab_overlap_ignores_special_and_unused_tokens(tmp_path, data_dir):
+    assert overlap({"the", "cat"}, {"the", "dog", "[unused1]", "[CLS]"}) == pytest.approx(0.5)
+    _, data = _written(tmp_path, run("vocab-overlap", tmp_path, tiny=True, data=data_dir).name)
+    assert data["rows"][0][1] <= 2000
