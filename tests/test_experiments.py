@@ -79,3 +79,21 @@ def test_vocab_overlap_ignores_special_and_unused_tokens(tmp_path, data_dir):
     assert overlap({"the", "cat"}, {"the", "dog", "[unused1]", "[CLS]"}) == pytest.approx(0.5)
     _, data = _written(tmp_path, run("vocab-overlap", tmp_path, tiny=True, data=data_dir).name)
     assert data["rows"][0][1] <= 2000
+
+
+def test_head_pattern_masks_on_a_hand_made_sentence():
+    from attnlab.experiments.heads import pattern_masks
+    # [CLS] play ##ing now [SEP]: word ids None 0 0 1 None
+    m = pattern_masks([None, 0, 0, 1, None])
+    assert m["[CLS]"][:, 0].all() and m["[SEP]"][:, 4].all()
+    assert m["previous token"][2, 1] and not m["previous token"][0].any()
+    assert m["next token"][3, 4] and m["same word"][1, 2] and m["same word"][2, 1]
+    assert m["same word"].sum() == 2
+
+
+def test_heads_writes_pattern_maps_and_layer_probes(tmp_path, data_dir, minilm):
+    md, data = _written(tmp_path, run("heads", tmp_path, tiny=True, data=data_dir).name)
+    assert [r[0] for r in data["rows"]] == ["[CLS]", "[SEP]", "previous token", "next token", "same word"]
+    probe_rows = data["tables"][0][2]
+    assert len(probe_rows) == 7 and all(0 <= r[1] <= 1 for r in probe_rows)  # embeddings + 6 layers
+    assert (tmp_path / "heads-probe.png").exists()

@@ -20,6 +20,7 @@ EXPERIMENTS = {
     "parallel": "parallel",            # 2. parallel vs sequential: Transformer layer vs LSTM layer
     "senses": "senses",                # 3. contextual vs static embeddings ("bank", "bat", ...)
     "sqrt-dk": "sqrt_dk",              # 4. why attention scores are divided by sqrt(d_k)
+    "heads": "heads",                  # 10. heads specialise; a probe per layer (bertology)
     "vocab-overlap": "vocab_overlap",  # 11. a vocabulary learned on books vs bert-base-uncased's
 }
 

@@ -37,16 +37,22 @@ class Report:
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     figure: Path | None = None         # the PNG the experiment drew (already written)
+    tables: list[tuple[str, list[str], list[list[Any]]]] = field(default_factory=list)  # (title, columns, rows) more
     seconds: float = 0.0
     started: float = field(default_factory=time.time)
 
+    @staticmethod
+    def _table(columns: list[str], rows: list[list[Any]]) -> str:
+        head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+        return head + "".join("| " + " | ".join(_cell(x) for x in row) + " |\n" for row in rows)
+
     def markdown(self) -> str:
-        head = "| " + " | ".join(self.columns) + " |\n|" + "---|" * len(self.columns) + "\n"
-        body = "".join("| " + " | ".join(_cell(x) for x in row) + " |\n" for row in self.rows)
         tiny = " --tiny" if self.settings.get("tiny") else ""
         word = {True: "holds", False: "does not hold", None: "mixed"}[self.holds]
         parts = [f"# {self.name}\n", f"**Claim (the notes):** {self.claim}\n",
-                 f"**Command:** `attnlab experiment {self.name}{tiny}`\n", head + body,
+                 f"**Command:** `attnlab experiment {self.name}{tiny}`\n", self._table(self.columns, self.rows)]
+        parts += [f"{title}\n\n{self._table(columns, rows)}" for title, columns, rows in self.tables]
+        parts += [
                  f"**Verdict: {word}.** {self.verdict}\n"]
         parts += [f"- {n}" for n in self.notes]
         if self.figure is not None:
@@ -61,7 +67,7 @@ class Report:
         _write(out / f"{self.name}.md", self.markdown())
         _write(out / f"{self.name}.json", json.dumps(
             {"name": self.name, "claim": self.claim, "columns": self.columns, "rows": self.rows,
-             "verdict": self.verdict, "holds": self.holds, "settings": self.settings, "notes": self.notes,
+             "tables": self.tables, "verdict": self.verdict, "holds": self.holds, "settings": self.settings, "notes": self.notes,
              "seconds": round(self.seconds, 1)}, indent=1, default=str) + "\n")
         return out / f"{self.name}.md"
 
@@ -132,4 +138,17 @@ def bar_plot(path: Path, labels: Sequence[str], groups: dict[str, Sequence[float
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def heatmaps(path: Path, panels: dict[str, Any], *, xlabel: str, ylabel: str) -> Path:
+    """One heatmap per panel (title -> 2-D array), each with its own colour bar."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4), squeeze=False)
+    for ax, (name, grid) in zip(axes[0], panels.items()):
+        image = ax.imshow(grid, cmap="viridis", aspect="auto")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        fig.colorbar(image, ax=ax, fraction=0.046)
     return _save(fig, path)
