@@ -97,3 +97,20 @@ def test_heads_writes_pattern_maps_and_layer_probes(tmp_path, data_dir, minilm):
     probe_rows = data["tables"][0][2]
     assert len(probe_rows) == 7 and all(0 <= r[1] <= 1 for r in probe_rows)  # embeddings + 6 layers
     assert (tmp_path / "heads-probe.png").exists()
+
+
+def test_power_law_fit_recovers_a_known_exponent():
+    from attnlab.experiments.scaling import fit_power_law
+    n = [1e3, 1e4, 1e5, 1e6]
+    alpha, a, r2 = fit_power_law(n, [3.0 * x ** -0.1 for x in n])
+    assert alpha == pytest.approx(0.1) and a == pytest.approx(3.0) and r2 == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", ["warmup", "positions", "activations", "gqa", "scaling"])
+def test_character_recipe_experiments_run_tiny(tmp_path, data_dir, name):
+    """Each trains the tiny character GPT per setting (real `attnlab pretrain` runs) and reports."""
+    _, data = _written(tmp_path, run(name, tmp_path, tiny=True, data=data_dir).name)
+    losses = [r[c] for r in data["rows"] for c, col in enumerate(data["columns"]) if col == "val loss"]
+    assert all(isinstance(x, float) and 0 < x < 10 for x in losses)
+    recipes = list((tmp_path / "runs").glob("*/recipe.yaml"))
+    assert len(recipes) == len(data["rows"])  # one real run per row

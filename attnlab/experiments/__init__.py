@@ -20,6 +20,11 @@ EXPERIMENTS = {
     "parallel": "parallel",            # 2. parallel vs sequential: Transformer layer vs LSTM layer
     "senses": "senses",                # 3. contextual vs static embeddings ("bank", "bat", ...)
     "sqrt-dk": "sqrt_dk",              # 4. why attention scores are divided by sqrt(d_k)
+    "warmup": "warmup",                # 5. post-LN needs warmup, pre-LN does not
+    "positions": "positions",          # 6. learned / sinusoidal / RoPE / relative bias; 2x context
+    "activations": "activations",      # 7. ReLU / GELU / SwiGLU / GeGLU at equal parameters
+    "gqa": "gqa",                      # 8. MHA / GQA / MQA: quality vs KV cache vs decode speed
+    "scaling": "scaling",              # 9. loss vs model size: a power law
     "heads": "heads",                  # 10. heads specialise; a probe per layer (bertology)
     "vocab-overlap": "vocab_overlap",  # 11. a vocabulary learned on books vs bert-base-uncased's
 }
