@@ -114,3 +114,9 @@ def test_character_recipe_experiments_run_tiny(tmp_path, data_dir, name):
     assert all(isinstance(x, float) and 0 < x < 10 for x in losses)
     recipes = list((tmp_path / "runs").glob("*/recipe.yaml"))
     assert len(recipes) == len(data["rows"])  # one real run per row
+
+
+def test_bottleneck_trains_three_translators_and_scores_by_length(tmp_path):
+    _, data = _written(tmp_path, run("bottleneck", tmp_path, tiny=True).name)
+    assert [r[0] for r in data["rows"]] == ["RNN, no attention", "RNN + attention (Bahdanau)", "Transformer"]
+    assert all(r[2] > 0 and 0 <= r[4] <= 100 for r in data["rows"])  # trained steps, a BLEU score

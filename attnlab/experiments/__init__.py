@@ -17,6 +17,7 @@ from .report import Report
 
 # name on the command line -> module; the order is `attnlab experiment --list`'s (the notes' order).
 EXPERIMENTS = {
+    "bottleneck": "bottleneck",        # 1. attention vs the fixed-vector bottleneck (RNN, RNN+attention, Transformer)
     "parallel": "parallel",            # 2. parallel vs sequential: Transformer layer vs LSTM layer
     "senses": "senses",                # 3. contextual vs static embeddings ("bank", "bat", ...)
     "sqrt-dk": "sqrt_dk",              # 4. why attention scores are divided by sqrt(d_k)
