@@ -120,3 +120,10 @@ def test_bottleneck_trains_three_translators_and_scores_by_length(tmp_path):
     _, data = _written(tmp_path, run("bottleneck", tmp_path, tiny=True).name)
     assert [r[0] for r in data["rows"]] == ["RNN, no attention", "RNN + attention (Bahdanau)", "Transformer"]
     assert all(r[2] > 0 and 0 <= r[4] <= 100 for r in data["rows"])  # trained steps, a BLEU score
+
+
+def test_objectives_pretrains_three_ways_and_fine_tunes_each(tmp_path, data_dir):
+    _, data = _written(tmp_path, run("objectives", tmp_path, tiny=True, data=data_dir).name)
+    assert [r[0] for r in data["rows"]] == ["MLM", "MLM + NSP", "ELECTRA", "no pretraining (random init)"]
+    assert all(0 <= r[5] <= 100 for r in data["rows"])
+    assert (tmp_path / "finetune" / "curve.json").exists()

@@ -28,6 +28,7 @@ EXPERIMENTS = {
     "scaling": "scaling",              # 9. loss vs model size: a power law
     "heads": "heads",                  # 10. heads specialise; a probe per layer (bertology)
     "vocab-overlap": "vocab_overlap",  # 11. a vocabulary learned on books vs bert-base-uncased's
+    "objectives": "objectives",        # 12. no NSP (RoBERTa); ELECTRA's sample efficiency
 }
 
 
