@@ -84,3 +84,13 @@ def test_neighbours_agree_with_gensim_on_real_text(data_dir):
                                np.argsort(-theirs.cosine_similarities(theirs[q], theirs.vectors))[1:11])) / 10
                        for q in words])
     assert overlap >= 0.5, f"top-10 overlap with gensim {overlap:.3f}"
+
+
+@pytest.mark.slow
+def test_nearest_neighbour_quality_on_the_similarity_set(data_dir):
+    """Trained on three novels, a related word (king: queen) is nearer than an unrelated one (king: table)
+    for at least 80% of the hand-written triples of the senses experiment."""
+    from attnlab.experiments.senses import word_quality
+    books = [data_dir / "gutenberg" / name for name in ("1400-0.txt", "98-0.txt", "158-0.txt")]
+    quality = word_quality(train_word2vec(read_sentences(books), dim=64, epochs=3, seed=0))
+    assert quality["similarity_n"] >= 12 and quality["similarity"] >= 0.8, quality
