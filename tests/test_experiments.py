@@ -127,3 +127,12 @@ def test_objectives_pretrains_three_ways_and_fine_tunes_each(tmp_path, data_dir)
     assert [r[0] for r in data["rows"]] == ["MLM", "MLM + NSP", "ELECTRA", "no pretraining (random init)"]
     assert all(0 <= r[5] <= 100 for r in data["rows"])
     assert (tmp_path / "finetune" / "curve.json").exists()
+
+
+def test_index_gathers_the_runs_in_the_notes_order(tmp_path, capsys):
+    assert main(["experiment", "--index", "--output", str(tmp_path)]) == 1  # nothing to index yet
+    assert "no experiment results" in capsys.readouterr().err
+    run("sqrt-dk", tmp_path, tiny=True)
+    assert main(["experiment", "--index", "--output", str(tmp_path)]) == 0
+    index = (tmp_path / "EXPERIMENTS.md").read_text()
+    assert "## sqrt-dk: holds" in index and "![sqrt-dk](sqrt-dk.png)" in index and "senses" not in index

@@ -25,13 +25,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                               "(default experiments-out)")
     p.add_argument("--tiny", action="store_true", help="a seconds-long version on tiny settings (a smoke test)")
     p.add_argument("--data", help="the data directory (default: ATTNLAB_DATA, else ../shared/data)")
+    p.add_argument("--all", action="store_true", help="run every experiment in turn (hours on 2 cores), then "
+                                                     "write OUTPUT/EXPERIMENTS.md")
+    p.add_argument("--index", action="store_true", help="only write OUTPUT/EXPERIMENTS.md from the results "
+                                                       "already in OUTPUT")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiments import listing, run as run_experiment
+    from ..experiments import EXPERIMENTS, listing, run as run_experiment, write_index
     if args.list:
         for name, claim in listing():
             print(f"{name:15} {claim}")
+        return 0
+    if args.all or args.index:
+        from ..tasks.base import data_root
+        for name in EXPERIMENTS if args.all else []:
+            print(f"attnlab experiment: {name} ...", file=sys.stderr, flush=True)
+            report = run_experiment(name, args.output, tiny=args.tiny, data=args.data or data_root())
+            print(f"attnlab experiment: {name}: {report.verdict}", file=sys.stderr, flush=True)
+        print(f"wrote {write_index(args.output)}")
         return 0
     if not args.name:
         print("attnlab experiment: error: name an experiment, or --list to see them", file=sys.stderr)

@@ -54,4 +54,30 @@ def run(name: str, out: str | Path, *, tiny: bool = False, data: str | Path | No
     return report
 
 
-__all__ = ["EXPERIMENTS", "Report", "experiment", "listing", "run"]
+def write_index(out: str | Path) -> Path:
+    """OUT/EXPERIMENTS.md: every experiment whose results OUT holds, in the notes' order: its claim, the
+    verdict its run computed, its plot, and a link to its full table."""
+    import json
+    out = Path(out)
+    parts = ["# The notes' claims, measured\n",
+             "Each section is one `attnlab experiment NAME` run on this machine; the verdict is computed from "
+             "the run's numbers. Full tables, settings and machine load: the linked NAME.md files.\n"]
+    found = 0
+    for name in EXPERIMENTS:
+        path = out / f"{name}.json"
+        if not path.exists():
+            continue
+        found += 1
+        r = json.loads(path.read_text())
+        word = {True: "holds", False: "does not hold", None: "mixed"}[r["holds"]]
+        parts.append(f"## {name}: {word}\n\n**Claim:** {r['claim']}\n\n**Verdict:** {r['verdict']}\n\n"
+                     f"![{name}]({name}.png)\n\nTable and settings: [{name}.md]({name}.md) · "
+                     f"`attnlab experiment {name}` · {r['seconds']:.0f} s\n")
+    if not found:
+        raise FileNotFoundError(f"{out}: no experiment results (NAME.json) to index")
+    index = out / "EXPERIMENTS.md"
+    index.write_text("\n".join(parts), encoding="utf-8")
+    return index
+
+
+__all__ = ["EXPERIMENTS", "Report", "experiment", "listing", "run", "write_index"]
