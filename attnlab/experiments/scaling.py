@@ -16,7 +16,7 @@ from .report import Report, line_plot
 
 NAME = "scaling"
 CLAIM = "Loss falls as a power law in model size: a straight line on a log-log plot."
-SIZES = [(1, 32, 2), (2, 48, 2), (2, 64, 4), (3, 96, 4), (4, 128, 4), (6, 160, 4)]  # layers, width, heads
+SIZES = [(1, 32, 2), (2, 48, 2), (2, 64, 4), (3, 96, 4), (4, 128, 4)]  # layers, width, heads
 TINY_SIZES = [(1, 16, 2), (1, 32, 2)]
 
 
@@ -37,7 +37,7 @@ def fit_power_law(n: list[float], loss: list[float]) -> tuple[float, float, floa
 def run(out: Path, *, tiny: bool = False, data: Path | None = None) -> Report:
     if data is None:
         raise ValueError("scaling needs the data directory (ATTNLAB_DATA or --data)")
-    steps = 30 if tiny else 800
+    steps = 30 if tiny else 600
     rows, params, losses = [], [], []
     for layers, width, heads in (TINY_SIZES if tiny else SIZES):
         r = train_char(out, f"size-{layers}x{width}", {

@@ -19,7 +19,7 @@ CLAIM = "A post-LN Transformer needs a learning-rate warmup to train well; a pre
 def run(out: Path, *, tiny: bool = False, data: Path | None = None) -> Report:
     if data is None:
         raise ValueError("warmup needs the data directory (ATTNLAB_DATA or --data)")
-    steps = 30 if tiny else 1000
+    steps = 30 if tiny else 600  # the warmup's effect is early; 8 runs must fit the ~15-minute budget
     lrs = [1e-3] if tiny else [1e-3, 3e-3]
     results, rows, series = {}, [], {}
     for lr in lrs:
