@@ -150,6 +150,10 @@ class Trainer:
             raise ValueError("train.device=cuda but no CUDA device is available")
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         self.output = Path(args.output_dir)
+        if args.precision == "bf16" and self.device.type == "cpu" and self.rank == 0:
+            from ..nn.precision import bf16_warning
+            if bf16_warning():
+                print(f"train.precision=bf16: {bf16_warning()}", file=sys.stderr)
         torch.manual_seed(args.seed)
         self.model = model.to(self.device)
         self.ddp = None
