@@ -51,6 +51,10 @@ DEFAULT_MAX_LENGTH = 512
 _UNSET_MAX_LENGTH = 1_000_000  # transformers writes ~1e30 to mean "no limit"; treat as unset
 # GPT-2's one special token plays every role it has (begin/end of text, unknown).
 GPT2_SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+# RoBERTa and BART keep GPT-2's byte-level BPE but fairseq's specials (<s>=0 <pad>=1 </s>=2 <unk>=3 ...
+# <mask> last): a sequence is "<s> A </s>", a pair "<s> A </s></s> B </s>" (Liu et al. 2019; Lewis et al. 2019)
+FAIRSEQ_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                    "mask_token": "<mask>", "cls_token": "<s>", "sep_token": "</s>"}
 ROLES = (*BERT_SPECIALS, "bos_token", "eos_token")
 
 
@@ -126,7 +130,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if path.is_dir():
         found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
         if not found and read_gpt2_files(path) is not None:  # GPT-2 files: encoder.json + vocab.bpe
-            return Tokenizer(build_byte_level_bpe(*read_gpt2_files(path)), specials=dict(GPT2_SPECIALS),
+            vocab, merges = read_gpt2_files(path)
+            if all(t in vocab for t in ("<s>", "</s>", "<pad>", "<mask>")):  # RoBERTa / BART vocab.json
+                return _fairseq_bpe(vocab, merges, path)
+            return Tokenizer(build_byte_level_bpe(vocab, merges), specials=dict(GPT2_SPECIALS),
                              model_max_length=1024, name=str(path))
         if not found:
             raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt "
@@ -185,6 +192,27 @@ def build_byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]],
     backend.post_processor = tk.processors.ByteLevel(trim_offsets=False)
     backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in specials if t in vocab])
     return backend
+
+
+def _fairseq_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], directory: Path) -> "Tokenizer":
+    """A RoBERTa / BART directory's vocab.json + merges.txt with their special tokens; roles renamed in
+    tokenizer_config.json / special_tokens_map.json win, as in transformers."""
+    config = {**_read_json(directory / "special_tokens_map.json"), **_read_json(directory / "tokenizer_config.json")}
+    specials = {**FAIRSEQ_SPECIALS, **{role: _token_str(config[role]) for role in ROLES if config.get(role)}}
+    absent = next((f"{specials[r]!r} ({r})" for r in FAIRSEQ_SPECIALS if specials[r] not in vocab), None)
+    if absent:
+        raise ValueError(f"{directory / 'vocab.json'}: no token {absent}, a special token RoBERTa/BART need")
+    backend = build_byte_level_bpe(vocab, merges, specials=[specials[r] for r in ("bos_token", "pad_token",
+                                                                                  "eos_token", "unk_token")])
+    # "<mask>" swallows the space before it, so "a <mask> b" masks the word " b" would have been (HF's lstrip)
+    backend.add_special_tokens([tk.AddedToken(specials["mask_token"], special=True, normalized=False, lstrip=True)])
+    cls, sep = specials["cls_token"], specials["sep_token"]
+    backend.post_processor = tk.processors.RobertaProcessing((sep, vocab[sep]), (cls, vocab[cls]),
+                                                             trim_offsets=True, add_prefix_space=False)
+    max_length = config.get("model_max_length")
+    if not isinstance(max_length, int) or max_length >= _UNSET_MAX_LENGTH:
+        max_length = _read_json(directory / "config.json").get("max_position_embeddings") or 1024
+    return Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(directory))
 
 
 def byte_chars() -> list[str]:
