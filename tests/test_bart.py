@@ -139,3 +139,160 @@ def test_bart_config_errors(tmp_path):
                            intermediate_size=48, norm_placement="pre"))
     with pytest.raises(ConfigError, match="norm_placement"):
         attnlab.save(pre, tmp_path / "pre", layout="hf")
+
+
+# ----------------------------------------------------------------------------------- tokenizer
+def _bart_vocab_dir(tmp_path):
+    """A small BART-format vocab.json + merges.txt: <s> <pad> </s> <unk> = 0-3, BPE pieces, <mask> last."""
+    import json
+
+    import tokenizers as tk
+    text = ["The cat sat on the mat.", "It was warm, and the game's release was near.", "naïve café — 2 000"] * 20
+    bt = tk.Tokenizer(tk.models.BPE())
+    bt.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bt.train_from_iterator(text, tk.trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                                        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet()))
+    d = tmp_path / "bart-tok"
+    d.mkdir()
+    bt.model.save(str(d))
+    vocab = json.loads((d / "vocab.json").read_text())
+    vocab["<mask>"] = len(vocab)
+    (d / "vocab.json").write_text(json.dumps(vocab))
+    return d, vocab
+
+
+def test_bart_vocab_files_load_with_fairseq_specials(tmp_path):
+    from attnlab.tokenizers import load_tokenizer
+    d, vocab = _bart_vocab_dir(tmp_path)
+    ours = load_tokenizer(d)
+    assert (ours.bos_token_id, ours.pad_token_id, ours.eos_token_id, ours.unk_token_id) == (0, 1, 2, 3)
+    assert ours.mask_token_id == len(vocab) - 1 and ours.cls_token_id == 0 and ours.sep_token_id == 2
+    # the oracle: transformers' BART tokenizer over the same files, with BART's <mask> (lstrip)
+    theirs = transformers.BartTokenizer.from_pretrained(
+        d, mask_token=transformers.AddedToken("<mask>", lstrip=True, rstrip=False))
+    for text in ["The cat sat on the mat.", " It was warm", "naïve café — 2 000", "The <mask> sat on the <mask>."]:
+        assert ours.encode(text) == theirs(text)["input_ids"], text
+    assert ours.encode("a cat", "the mat") == theirs("a cat", "the mat")["input_ids"]  # <s> A </s></s> B </s>
+    assert ours.encode("The cat")[0] == 0 and ours.encode("The cat")[-1] == 2
+    assert ours.decode(ours.encode("The <mask> sat.")) == "The sat."  # specials skipped, the mask took " cat"'s space
+
+
+# ----------------------------------------------------------------------------------- the noising functions
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from attnlab.objectives import denoise as dn  # noqa: E402
+
+WIKITEXT = Path(os.environ.get("ATTNLAB_DATA", "/work/shared/data")) / "wikitext-2" / "valid.txt"
+GPT2 = Path(os.environ.get("ATTNLAB_DATA", "/work/shared/data")) / "vocab" / "gpt2"
+
+
+@pytest.fixture(scope="module")
+def wikitext():
+    """WikiText-2 validation paragraphs (headings left out) in GPT-2 byte-level BPE ids (BART's pieces)."""
+    if not WIKITEXT.is_file() or not GPT2.is_dir():
+        pytest.skip(f"needs {WIKITEXT} and {GPT2} (set ATTNLAB_DATA)")
+    from attnlab.tokenizers import load_tokenizer
+    tok = load_tokenizer(GPT2)
+    lines = [ln for ln in WIKITEXT.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.strip().startswith("=")]
+    docs = [np.asarray(ids, dtype=np.int64) for ids in tok(lines, truncation=False)["input_ids"]]
+    assert sum(map(len, docs)) > 200_000
+    return docs, tok.vocab_size, dn.sentence_end_ids(tok)  # <mask>: an id beyond GPT-2's vocabulary
+
+
+def test_token_masking_and_infilling_noise_30_percent(wikitext):
+    docs, mask, _ = wikitext
+    rng = np.random.default_rng(0)
+    total = masked = infilled = spans = 0
+    for d in docs:
+        out, chosen = dn.token_masking(d, rng, 0.3, mask)
+        assert len(out) == len(d) and np.array_equal(np.flatnonzero(out == mask), chosen)
+        assert np.array_equal(out[out != mask], d[out != mask])  # nothing else changed
+        masked += len(chosen)
+        out, record = dn.text_infilling(d, rng, 0.3, mask)
+        # read the statistics off the output itself: one <mask> per span, the rest of the text kept in order
+        m = int((out == mask).sum())
+        removed = len(d) - (len(out) - m)
+        assert m == len(record) and removed == sum(length for _, length in record)
+        keep = np.ones(len(d), dtype=bool)
+        for start, length in record:
+            keep[start:start + length] = False
+        assert np.array_equal(out[out != mask], d[keep])
+        infilled, spans, total = infilled + removed, spans + m, total + len(d)
+    assert abs(masked / total - 0.3) <= 0.01
+    assert abs(infilled / total - 0.3) <= 0.01, infilled / total
+    assert abs(infilled / spans - 3.0) <= 0.1, infilled / spans  # Poisson(3) spans, zero-length ones included
+    assert spans > 20_000
+
+
+def test_infilling_zero_length_span_inserts_a_mask():
+    rng = np.random.default_rng(3)
+    ids = np.arange(10, 40)
+    seen_zero = False
+    for _ in range(200):
+        out, record = dn.text_infilling(ids, rng, 0.3, mask_id=0)
+        for start, length in record:
+            if length == 0:  # an insertion: the text around it is all there
+                seen_zero = True
+        assert len(out) == len(ids) - sum(n for _, n in record) + len(record)
+    assert seen_zero  # P(0) = e^-3 = 5% per span
+
+
+def test_token_deletion_removes_exactly_the_chosen_tokens(wikitext):
+    docs, _, _ = wikitext
+    rng = np.random.default_rng(1)
+    total = deleted = 0
+    for d in docs[:400]:
+        out, chosen = dn.token_deletion(d, rng, 0.3)
+        assert np.array_equal(out, np.delete(d, chosen)) and len(set(chosen.tolist())) == len(chosen)
+        total, deleted = total + len(d), deleted + len(chosen)
+    assert abs(deleted / total - 0.3) <= 0.01
+
+
+def test_sentence_permutation_keeps_every_sentence_once(wikitext):
+    from collections import Counter
+    docs, _, ends = wikitext
+    rng = np.random.default_rng(2)
+    shuffled = 0
+    for d in docs[:400]:
+        starts = dn.sentence_starts(d, ends)
+        bounds = [*starts, len(d)]
+        before = [tuple(d[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        out, order = dn.sentence_permutation(d, rng, starts)
+        after, pos = [], 0
+        for k in order:
+            after.append(tuple(out[pos:pos + len(before[k])]))
+            pos += len(before[k])
+        assert after == [before[k] for k in order] and pos == len(d)
+        assert Counter(after) == Counter(before) and sorted(order.tolist()) == list(range(len(before)))
+        shuffled += len(before) > 1 and not np.array_equal(out, d)
+    assert shuffled > 200  # real multi-sentence paragraphs were permuted
+
+
+def test_document_rotation_is_a_rotation(wikitext):
+    docs, _, _ = wikitext
+    rng = np.random.default_rng(4)
+    starts = []
+    for d in docs[:300]:
+        out, start = dn.document_rotation(d, rng)
+        assert np.array_equal(out, np.roll(d, -start)) and 0 <= start < len(d)
+        starts.append(start / len(d))
+    assert 0.4 < np.mean(starts) < 0.6  # uniform over the document
+
+
+def test_noise_composes_and_is_seeded():
+    ids = np.arange(100, 160)
+    ids[[9, 19, 39, 59]] = 5  # four full stops: five sentences
+    cfg = dn.NoiseConfig(mask=0.1, delete=0.1, infill=0.2, permute=1.0, rotate=1.0)
+    a = dn.noise(ids, np.random.default_rng(7), cfg, mask_id=1, end_ids=[5])
+    b = dn.noise(ids, np.random.default_rng(7), cfg, mask_id=1, end_ids=[5])
+    c = dn.noise(ids, np.random.default_rng(8), cfg, mask_id=1, end_ids=[5])
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    kept = a[a != 1]
+    assert len(set(kept.tolist()) - set(ids.tolist())) == 0 and len(kept) < len(ids) * 0.75
+    assert np.array_equal(dn.noise(ids, np.random.default_rng(0), dn.NoiseConfig(infill=0.0, permute=0.0),
+                                   mask_id=1), ids)  # every function off: the identity
+    with pytest.raises(ValueError, match="noise_mask"):
+        dn.NoiseConfig(mask=1.5).validate()
