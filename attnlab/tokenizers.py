@@ -273,7 +273,9 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
 
     kind="wordpiece": BERT normalisation and pre-splitting, "##" continuations, specials
     [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4. kind="bpe": byte-level BPE like GPT-2 (every byte is in
-    the alphabet, so nothing is ever unknown), special <|endoftext|>. kind="char": one token per character.
+    the alphabet, so nothing is ever unknown), special <|endoftext|>. kind="bart": the same byte-level BPE
+    with BART/RoBERTa's specials <s> <pad> </s> <unk> = ids 0-3 and <mask> last. kind="char": one token
+    per character.
     Save the result with `.save(dir)`; `load_tokenizer(dir)` reads it back.
     """
     files = [str(f) for f in files]
@@ -287,14 +289,16 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
         trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                                special_tokens=specials, continuing_subword_prefix="##",
                                                show_progress=progress)
-    elif kind == "bpe":
-        specials = list(special_tokens or ["<|endoftext|>"])
+    elif kind in ("bpe", "bart"):
+        specials = list(special_tokens or (["<|endoftext|>"] if kind == "bpe" else
+                                           [FAIRSEQ_SPECIALS[r] for r in ("bos_token", "pad_token", "eos_token",
+                                                                          "unk_token")]))
         backend = build_byte_level_bpe({}, [], specials=[])
         trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                          initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                          show_progress=progress)
     else:
-        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe or char")
+        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe, bart or char")
     backend.train(files, trainer)
     if backend.get_vocab_size() <= len(specials):
         raise ValueError(f"no text to learn a vocabulary from in {', '.join(files)}")
@@ -303,6 +307,14 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
         role = {t: r for r, t in BERT_SPECIALS.items()}
         return Tokenizer(build_wordpiece(vocab, lowercase=lowercase), specials={role.get(t, t): t for t in specials
                                                                                 if t in role}, name="wordpiece")
+    if kind == "bart":  # <mask> goes last, as in fairseq's dictionary; then the files load as BART's do
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            backend.model.save(tmp)
+            vocab, merges = read_gpt2_files(tmp)
+            tok = _fairseq_bpe({**vocab, FAIRSEQ_SPECIALS["mask_token"]: len(vocab)}, merges, Path(tmp))
+        tok.name = "bart"
+        return tok
     eot = specials[0]
     return Tokenizer(backend, specials={"bos_token": eot, "eos_token": eot, "unk_token": eot},
                      model_max_length=1024, name="bpe")
