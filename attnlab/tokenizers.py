@@ -149,6 +149,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     backend = tk.Tokenizer.from_file(str(path)) if path.suffix == ".json" else None
     wordpiece = backend is None or isinstance(backend.model, tk.models.WordPiece)
     specials = dict(BERT_SPECIALS) if wordpiece else {}  # BPE defaults will differ
+    if not wordpiece and all(t in backend.get_vocab() for t in ("<s>", "</s>", "<pad>", "<mask>")):
+        specials = dict(FAIRSEQ_SPECIALS)  # a RoBERTa / BART tokenizer.json without tokenizer_config.json
     specials.update({role: _token_str(config[role]) for role in ROLES if config.get(role)})
     if backend is not None:
         if wordpiece:

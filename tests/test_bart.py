@@ -167,6 +167,10 @@ def test_bart_vocab_files_load_with_fairseq_specials(tmp_path):
     assert ours.encode("a cat", "the mat") == theirs("a cat", "the mat")["input_ids"]  # <s> A </s></s> B </s>
     assert ours.encode("The cat")[0] == 0 and ours.encode("The cat")[-1] == 2
     assert ours.decode(ours.encode("The <mask> sat.")) == "The sat."  # specials skipped, the mask took " cat"'s space
+    ours.save(tmp_path / "saved")  # tokenizer.json (+ vocab.json, merges.txt); a bare tokenizer.json loads too
+    (tmp_path / "saved" / "tokenizer_config.json").unlink()
+    again = load_tokenizer(tmp_path / "saved")
+    assert again.mask_token_id == ours.mask_token_id and again.encode("a <mask>.") == ours.encode("a <mask>.")
 
 
 # ----------------------------------------------------------------------------------- the noising functions
@@ -341,3 +345,16 @@ def test_pretrain_bart_denoising_smoke(tmp_path, data_dir):
         a = model(input_ids=ids, decoder_input_ids=ids).logits
         b = hf(input_ids=ids, decoder_input_ids=ids).logits
     assert (a - b).abs().max() <= 1e-5
+
+
+def test_denoise_objective_errors_name_the_problem(tmp_path):
+    from attnlab.objectives import ObjectiveConfig, build_objective
+    from attnlab.tokenizers import train_tokenizer
+    from attnlab.training.pretrain import DataConfig, ensure_corpus, load_config
+    wordpiece = train_tokenizer("wordpiece", [REPO / "README.md"], 300)
+    with pytest.raises(ValueError, match="denoise needs bos, eos tokens"):
+        build_objective(ObjectiveConfig(kind="denoise"), wordpiece, 64)
+    with pytest.raises(ConfigError, match="noise_infill"):
+        load_config(None, ["objective.kind=denoise", "objective.noise_infill=0.8", "objective.noise_mask=0.3"])
+    with pytest.raises(ConfigError, match="bart-bpe:N"):
+        ensure_corpus(DataConfig(path=str(tmp_path / "c"), files=[str(REPO / "README.md")], tokenizer="bart-bpe:x"))
