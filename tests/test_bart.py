@@ -115,9 +115,27 @@ def test_bart_base_parameters_and_info(capsys):
         hf = transformers.BartForConditionalGeneration(transformers.BartConfig(
             d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,
             encoder_ffn_dim=3072, decoder_ffn_dim=3072))
+        large = transformers.BartForConditionalGeneration(transformers.BartConfig())  # the defaults: bart-large
+        ours_large = Seq2SeqLM(preset("bart-large"))
     assert main(["info", "bart-base"]) in (0, None)
     out = capsys.readouterr().out
     assert f"parameters: {hf.num_parameters():,}" in out and "model_type=bart" in out  # 139,420,416
+    assert ours_large.num_parameters() == large.num_parameters()
+
+
+def test_bart_attentions_match(tmp_path):
+    _, path = _hf_bart(tmp_path, "attn")
+    hf = transformers.BartForConditionalGeneration.from_pretrained(path, attn_implementation="eager").eval()
+    ours = attnlab.load(path)
+    ids, mask, dec = _batch()
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
+        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
+    assert len(mine.cross_attentions) == len(theirs.cross_attentions) == 2
+    for a, b in zip(mine.cross_attentions, theirs.cross_attentions):
+        assert a.shape == (3, 4, 7, 13) and (a - b).abs().max() <= 1e-5
+    for a, b in zip(mine.attentions, theirs.decoder_attentions):
+        assert (a - b).abs().max() <= 1e-5
 
 
 def test_bart_config_errors(tmp_path):
