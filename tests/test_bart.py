@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import attnlab
+from _families import check_seq2seq_attentions
 from attnlab.config import ConfigError, preset
 from attnlab.inference.seq2seq import generate
 from attnlab.models.seq2seq import Seq2SeqLM
@@ -127,28 +128,7 @@ def test_bart_attentions_match(tmp_path):
     _, path = _hf_bart(tmp_path, "attn")
     hf = transformers.BartForConditionalGeneration.from_pretrained(path, attn_implementation="eager").eval()
     ours = attnlab.load(path)
-    ids, mask, dec = _batch()
-    with torch.no_grad():
-        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
-        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
-    assert len(mine.cross_attentions) == len(theirs.cross_attentions) == 2
-    for a, b in zip(mine.cross_attentions, theirs.cross_attentions):
-        assert a.shape == (3, 4, 7, 13) and (a - b).abs().max() <= 1e-5
-    for a, b in zip(mine.attentions, theirs.decoder_attentions):
-        assert (a - b).abs().max() <= 1e-5
-
-
-def test_bart_config_errors(tmp_path):
-    import json
-    _, path = _hf_bart(tmp_path, "bad")
-    cfg = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**cfg, "decoder_ffn_dim": 64}))
-    with pytest.raises(ConfigError, match="decoder_ffn_dim=64 differs from encoder_ffn_dim=48"):
-        attnlab.load(path)
-    pre = Seq2SeqLM(preset("bart-base", vocab_size=V, hidden_size=32, num_layers=1, num_heads=4,
-                           intermediate_size=48, norm_placement="pre"))
-    with pytest.raises(ConfigError, match="norm_placement"):
-        attnlab.save(pre, tmp_path / "pre", layout="hf")
+    check_seq2seq_attentions(hf, ours, *_batch(), layers=2, heads=4)
 
 
 # ----------------------------------------------------------------------------------- tokenizer
