@@ -251,6 +251,14 @@ _RNN = dict(model_type="rnn", vocab_size=8000, hidden_size=256, num_layers=1, nu
             pad_token_id=0, eos_token_id=1, bos_token_id=2)
 _RNN_EXTRA = {"cell": "gru", "decoder_start_token_id": 2, "warmup_steps": 1000, "adam_betas": [0.9, 0.999],
               "adam_eps": 1e-8}
+# BART (Lewis et al. 2019, §2.1): the original post-LN encoder-decoder with GELU, a LayerNorm on the
+# embeddings, fairseq's learned positions counted from 2 whatever the padding (hence 1024 + 2 rows),
+# one byte-level BPE vocabulary shared by encoder, decoder and the tied output projection plus a
+# (buffer) bias on the logits; decoding starts from </s> = 2. Sizes: base 6+6 x 768, large 12+12 x 1024.
+_BART = dict(model_type="bart", vocab_size=50265, max_position_embeddings=1026, type_vocab_size=0, position="learned",
+             norm_placement="post", activation="gelu", embedding_norm=True, scale_embeddings=False, pooler=False,
+             norm_eps=1e-5, dropout=0.1, attention_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+_BART_EXTRA = dict(decoder_start_token_id=2, position_offset=2, pad_aware_positions=False, final_logits_bias=True)
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base": dict(_BERT),
     "bert-large": dict(_BERT, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -347,6 +355,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                        embedding_norm=False, pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.1,
                        pad_token_id=0, eos_token_id=1, tie_word_embeddings=False, max_position_embeddings=1024,
                        extra={"num_decoder_layers": 4, "decoder_start_token_id": 0, "scale_decoder_outputs": False}),
+    # BART: see _BART above
+    "bart-base": dict(_BART, hidden_size=768, num_layers=6, num_heads=12, intermediate_size=3072,
+                      extra=dict(_BART_EXTRA, num_decoder_layers=6)),
+    "bart-large": dict(_BART, hidden_size=1024, num_layers=12, num_heads=16, intermediate_size=4096,
+                       attention_dropout=0.0, extra=dict(_BART_EXTRA, num_decoder_layers=12)),
 }
 
 

@@ -51,6 +51,10 @@ DEFAULT_MAX_LENGTH = 512
 _UNSET_MAX_LENGTH = 1_000_000  # transformers writes ~1e30 to mean "no limit"; treat as unset
 # GPT-2's one special token plays every role it has (begin/end of text, unknown).
 GPT2_SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+# RoBERTa and BART keep GPT-2's byte-level BPE but fairseq's specials (<s>=0 <pad>=1 </s>=2 <unk>=3 ...
+# <mask> last): a sequence is "<s> A </s>", a pair "<s> A </s></s> B </s>" (Liu et al. 2019; Lewis et al. 2019)
+FAIRSEQ_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                    "mask_token": "<mask>", "cls_token": "<s>", "sep_token": "</s>"}
 ROLES = (*BERT_SPECIALS, "bos_token", "eos_token")
 
 
@@ -126,7 +130,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if path.is_dir():
         found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
         if not found and read_gpt2_files(path) is not None:  # GPT-2 files: encoder.json + vocab.bpe
-            return Tokenizer(build_byte_level_bpe(*read_gpt2_files(path)), specials=dict(GPT2_SPECIALS),
+            vocab, merges = read_gpt2_files(path)
+            if all(t in vocab for t in ("<s>", "</s>", "<pad>", "<mask>")):  # RoBERTa / BART vocab.json
+                return _fairseq_bpe(vocab, merges, path)
+            return Tokenizer(build_byte_level_bpe(vocab, merges), specials=dict(GPT2_SPECIALS),
                              model_max_length=1024, name=str(path))
         if not found:
             raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt "
@@ -142,6 +149,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     backend = tk.Tokenizer.from_file(str(path)) if path.suffix == ".json" else None
     wordpiece = backend is None or isinstance(backend.model, tk.models.WordPiece)
     specials = dict(BERT_SPECIALS) if wordpiece else {}  # BPE defaults will differ
+    if not wordpiece and all(t in backend.get_vocab() for t in ("<s>", "</s>", "<pad>", "<mask>")):
+        specials = dict(FAIRSEQ_SPECIALS)  # a RoBERTa / BART tokenizer.json without tokenizer_config.json
     specials.update({role: _token_str(config[role]) for role in ROLES if config.get(role)})
     if backend is not None:
         if wordpiece:
@@ -185,6 +194,27 @@ def build_byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]],
     backend.post_processor = tk.processors.ByteLevel(trim_offsets=False)
     backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False) for t in specials if t in vocab])
     return backend
+
+
+def _fairseq_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], directory: Path) -> "Tokenizer":
+    """A RoBERTa / BART directory's vocab.json + merges.txt with their special tokens; roles renamed in
+    tokenizer_config.json / special_tokens_map.json win, as in transformers."""
+    config = {**_read_json(directory / "special_tokens_map.json"), **_read_json(directory / "tokenizer_config.json")}
+    specials = {**FAIRSEQ_SPECIALS, **{role: _token_str(config[role]) for role in ROLES if config.get(role)}}
+    absent = next((f"{specials[r]!r} ({r})" for r in FAIRSEQ_SPECIALS if specials[r] not in vocab), None)
+    if absent:
+        raise ValueError(f"{directory / 'vocab.json'}: no token {absent}, a special token RoBERTa/BART need")
+    backend = build_byte_level_bpe(vocab, merges, specials=[specials[r] for r in ("bos_token", "pad_token",
+                                                                                  "eos_token", "unk_token")])
+    # "<mask>" swallows the space before it, so "a <mask> b" masks the word " b" would have been (HF's lstrip)
+    backend.add_special_tokens([tk.AddedToken(specials["mask_token"], special=True, normalized=False, lstrip=True)])
+    cls, sep = specials["cls_token"], specials["sep_token"]
+    backend.post_processor = tk.processors.RobertaProcessing((sep, vocab[sep]), (cls, vocab[cls]),
+                                                             trim_offsets=True, add_prefix_space=False)
+    max_length = config.get("model_max_length")
+    if not isinstance(max_length, int) or max_length >= _UNSET_MAX_LENGTH:
+        max_length = _read_json(directory / "config.json").get("max_position_embeddings") or 1024
+    return Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(directory))
 
 
 def byte_chars() -> list[str]:
@@ -245,7 +275,9 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
 
     kind="wordpiece": BERT normalisation and pre-splitting, "##" continuations, specials
     [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4. kind="bpe": byte-level BPE like GPT-2 (every byte is in
-    the alphabet, so nothing is ever unknown), special <|endoftext|>. kind="char": one token per character.
+    the alphabet, so nothing is ever unknown), special <|endoftext|>. kind="bart": the same byte-level BPE
+    with BART/RoBERTa's specials <s> <pad> </s> <unk> = ids 0-3 and <mask> last. kind="char": one token
+    per character.
     Save the result with `.save(dir)`; `load_tokenizer(dir)` reads it back.
     """
     files = [str(f) for f in files]
@@ -259,14 +291,16 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
         trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                                special_tokens=specials, continuing_subword_prefix="##",
                                                show_progress=progress)
-    elif kind == "bpe":
-        specials = list(special_tokens or ["<|endoftext|>"])
+    elif kind in ("bpe", "bart"):
+        specials = list(special_tokens or (["<|endoftext|>"] if kind == "bpe" else
+                                           [FAIRSEQ_SPECIALS[r] for r in ("bos_token", "pad_token", "eos_token",
+                                                                          "unk_token")]))
         backend = build_byte_level_bpe({}, [], specials=[])
         trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                                          initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                          show_progress=progress)
     else:
-        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe or char")
+        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe, bart or char")
     backend.train(files, trainer)
     if backend.get_vocab_size() <= len(specials):
         raise ValueError(f"no text to learn a vocabulary from in {', '.join(files)}")
@@ -275,6 +309,14 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
         role = {t: r for r, t in BERT_SPECIALS.items()}
         return Tokenizer(build_wordpiece(vocab, lowercase=lowercase), specials={role.get(t, t): t for t in specials
                                                                                 if t in role}, name="wordpiece")
+    if kind == "bart":  # <mask> goes last, as in fairseq's dictionary; then the files load as BART's do
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            backend.model.save(tmp)
+            vocab, merges = read_gpt2_files(tmp)
+            tok = _fairseq_bpe({**vocab, FAIRSEQ_SPECIALS["mask_token"]: len(vocab)}, merges, Path(tmp))
+        tok.name = "bart"
+        return tok
     eot = specials[0]
     return Tokenizer(backend, specials={"bos_token": eot, "eos_token": eot, "unk_token": eot},
                      model_max_length=1024, name="bpe")

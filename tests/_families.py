@@ -57,3 +57,17 @@ def roundtrip(hf_model, tmp_path, ours_key: str, hf_key: str, inputs: dict, mask
     with torch.no_grad():
         reloaded = getattr(again.eval()(**inputs), hf_key)
     return max_diff(got, want, mask), max_diff(reloaded, want, mask), ours
+
+
+def check_seq2seq_attentions(hf, ours, ids: torch.Tensor, mask: torch.Tensor, dec: torch.Tensor, layers: int,
+                             heads: int) -> None:
+    """Decoder self-attention and cross-attention weights of an encoder-decoder equal transformers' (an
+    eager-attention HF model), layer by layer, padded source included."""
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
+        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
+    assert len(mine.cross_attentions) == len(theirs.cross_attentions) == layers
+    for a, b in zip(mine.cross_attentions, theirs.cross_attentions):
+        assert a.shape == (ids.size(0), heads, dec.size(1), ids.size(1)) and (a - b).abs().max() <= 1e-5
+    for a, b in zip(mine.attentions, theirs.decoder_attentions):
+        assert (a - b).abs().max() <= 1e-5

@@ -90,7 +90,7 @@ def test_embedding_scaling_and_label_smoothing():
     assert smoothed.item() != pytest.approx(plain.item(), abs=1e-4)  # 0.1 smoothing in training only
 
 
-@pytest.mark.parametrize("name", ["transformer-base", "t5-small"])
+@pytest.mark.parametrize("name", ["transformer-base", "t5-small", "bart-base"])
 def test_cache_equals_recompute(name):
     """Decoding token by token with cached self-attention K/V and cross K/V projected once gives the
     logits of one full pass over the whole prefix."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import attnlab
+from _families import check_seq2seq_attentions
 from attnlab.inference.seq2seq import generate
 
 transformers = pytest.importorskip("transformers")
@@ -78,12 +79,4 @@ def test_t5_cross_attentions_match(tmp_path):
     _, path = _hf_t5(tmp_path, "attn")
     hf = transformers.T5ForConditionalGeneration.from_pretrained(path, attn_implementation="eager").eval()
     ours = attnlab.load(path)
-    ids, mask, dec = _batch()
-    with torch.no_grad():
-        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
-        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
-    assert len(mine.cross_attentions) == len(theirs.cross_attentions) == 2
-    for a, b in zip(mine.cross_attentions, theirs.cross_attentions):
-        assert a.shape == (3, 4, 7, 13) and (a - b).abs().max() <= 1e-5
-    for a, b in zip(mine.attentions, theirs.decoder_attentions):
-        assert (a - b).abs().max() <= 1e-5
+    check_seq2seq_attentions(hf, ours, *_batch(), layers=2, heads=4)

@@ -4,6 +4,7 @@
              writes vocab.txt, tokenizer.json, tokenizer_config.json
   bpe        GPT-2: byte-level BPE (never an unknown token), <|endoftext|>;
              writes tokenizer.json, vocab.json, merges.txt, tokenizer_config.json
+  bart       BART / RoBERTa: the same byte-level BPE with <s> <pad> </s> <unk> = ids 0-3 and <mask> last
   char       one token per character seen (nanoGPT's shakespeare_char); --vocab-size is ignored
 
 examples:
@@ -24,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="learn a vocabulary from FILES", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("files", nargs="+", type=Path, metavar="FILES", help="UTF-8 text files")
-    t.add_argument("--kind", choices=("wordpiece", "bpe", "char"), required=True)
+    t.add_argument("--kind", choices=("wordpiece", "bpe", "bart", "char"), required=True)
     t.add_argument("--vocab-size", type=int, default=30522, help="target vocabulary size (default 30522)")
     t.add_argument("--output", type=Path, required=True, help="directory to write the tokenizer files into")
     t.add_argument("--min-frequency", type=int, default=2, help="ignore pieces seen fewer times (default 2)")

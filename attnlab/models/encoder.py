@@ -105,13 +105,14 @@ class Encoder(Model):
             if cfg.causal and attention_mask is not None:
                 # left padding: a row's first real token is position 0, whatever padding precedes it
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
-            elif "position_offset" in cfg.extra and input_ids is not None and cfg.pad_token_id is not None:
+            elif ("position_offset" in cfg.extra and cfg.extra.get("pad_aware_positions", True)
+                  and input_ids is not None and cfg.pad_token_id is not None):
                 # RoBERTa (fairseq): real tokens count from position_offset (pad_token_id + 1), whatever padding
                 # surrounds them; pad tokens take position pad_token_id
                 real = input_ids != cfg.pad_token_id
                 start = cfg.extra["position_offset"] + offset
                 position_ids = torch.where(real, real.long().cumsum(-1) + start - 1, cfg.pad_token_id)
-            else:
+            else:  # BART (pad_aware_positions: false): positions from position_offset = 2, padding or not
                 start = offset + cfg.extra.get("position_offset", 0)
                 position_ids = torch.arange(start, start + t, device=device).expand(b, t)
         varlen = None

@@ -13,7 +13,8 @@ the FFN. Nothing here is a second block implementation.
 Decoder-only values live in `config.extra`: `num_decoder_layers` (default num_layers),
 `decoder_start_token_id` (default pad_token_id, as T5), `share_embeddings` (default true: one
 source/target vocabulary, §3.4), `label_smoothing` (§5.4), `scale_decoder_outputs` (T5: hidden states
-times d^-0.5 before the tied output projection).
+times d^-0.5 before the tied output projection), `final_logits_bias` (BART: a (1, V) buffer added to the
+logits), `position_offset` (BART: learned positions counted from 2 in both stacks).
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ class DecoderStack(Encoder):
         self._check_inputs(input_ids, attention_mask, None, None, offset)
         b, t = input_ids.shape
         device = input_ids.device
-        position_ids = torch.arange(offset, offset + t, device=device).expand(b, t)
+        start = offset + self.config.extra.get("position_offset", 0)  # BART's fairseq positions start at 2
+        position_ids = torch.arange(start, start + t, device=device).expand(b, t)
         x = self.embeddings(input_ids, None, position_ids)
         mask = AttentionMask.build(attention_mask, t, offset + t, causal=True, query_offset=offset, device=device)
         cross_mask = AttentionMask.build(memory_mask, t, memory.size(1), device=device)
@@ -111,7 +113,8 @@ class Seq2SeqLM(Model):
 
     @property
     def hf_architecture(self) -> str:  # per family, as CausalLM: one class serves T5 and the original Transformer
-        return {"t5": "T5ForConditionalGeneration"}.get(self.config.model_type, "Transformer")
+        return {"t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration"}.get(
+            self.config.model_type, "Transformer")
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -120,6 +123,11 @@ class Seq2SeqLM(Model):
         self.encoder = Encoder(encoder_config(config))
         self.decoder = DecoderStack(decoder_config(config))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.extra.get("final_logits_bias"):
+            # BART: a bias on the tied output projection, a buffer (saved, not trained) as in fairseq/HF
+            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        else:
+            self.final_logits_bias = None
         self.init_weights()
 
     @property
@@ -171,6 +179,8 @@ class Seq2SeqLM(Model):
         if self.config.extra.get("scale_decoder_outputs"):
             hidden = hidden * self.config.hidden_size ** -0.5  # T5: rescale before the tied projection
         out.logits = self.lm_head(hidden)
+        if self.final_logits_bias is not None:
+            out.logits = out.logits + self.final_logits_bias
         return out
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -7,7 +7,7 @@ stream and the Trainer need:
     loss(model, batch)        (loss, sums for evaluation)  (mlm.mlm_loss, clm.clm_loss)
     metrics(sums)             {"loss", "accuracy", ...}
 and the model wrapper to train: MaskedLM (mlm), PreTraining (mlm+nsp, mlm+sop), CausalLM (clm),
-Electra (electra: generator + discriminator).
+Electra (electra: generator + discriminator), Seq2SeqLM (denoise: BART, objectives/denoise.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-KINDS = ("mlm", "mlm+nsp", "mlm+sop", "clm", "electra")
+KINDS = ("mlm", "mlm+nsp", "mlm+sop", "clm", "electra", "denoise")
 
 
 @dataclass
@@ -26,6 +26,14 @@ class ObjectiveConfig:
     sparse_prediction: bool = True   # run the MLM head on the chosen positions only
     short_seq_prob: float = 0.1      # NSP/SOP: share of pairs built to a random shorter length
     random_windows: bool = False     # CLM: windows at random offsets (nanoGPT) instead of a shuffled tiling
+    # denoise (BART, Lewis et al. 2019 §2.2): shares of tokens masked / deleted / infilled in Poisson spans,
+    # probabilities of sentence permutation and document rotation; default: BART-large's infilling + permutation
+    noise_mask: float = 0.0
+    noise_delete: float = 0.0
+    noise_infill: float = 0.3
+    poisson_lambda: float = 3.0
+    noise_permute: float = 1.0
+    noise_rotate: float = 0.0
 
     def validate(self) -> None:
         if self.kind not in KINDS:
@@ -34,6 +42,13 @@ class ObjectiveConfig:
             raise ValueError(f"objective.mask_prob={self.mask_prob}: must lie in (0, 1)")
         if not 0 <= self.short_seq_prob <= 1:
             raise ValueError(f"objective.short_seq_prob={self.short_seq_prob}: must lie in [0, 1]")
+        if self.kind == "denoise":
+            self.noise().validate()
+
+    def noise(self):
+        from .denoise import NoiseConfig
+        return NoiseConfig(mask=self.noise_mask, delete=self.noise_delete, infill=self.noise_infill,
+                           poisson_lambda=self.poisson_lambda, permute=self.noise_permute, rotate=self.noise_rotate)
 
 
 @dataclass
@@ -56,6 +71,8 @@ def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
         windows = partial(clm.clm_windows, seq_len=seq_len, eot_id=eot, random_windows=cfg.random_windows)
         return Objective(cfg.kind, lambda shards, rng: windows(shards, rng=rng), clm.clm_collate,
                          clm.clm_loss, clm.clm_metrics, clm.CausalLM)
+    if cfg.kind == "denoise":
+        return _denoise(cfg, tokenizer, seq_len)
     vocab = mlm.Vocab.from_tokenizer(tokenizer)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
@@ -78,3 +95,18 @@ def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
         model_class = PreTraining
     return Objective(cfg.kind, lambda shards, rng: examples(shards, rng=rng), lambda ex, rng: collate(ex, rng=rng),
                      mlm.mlm_loss, mlm.mlm_metrics, model_class)
+
+
+def _denoise(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
+    from ..models.seq2seq import Seq2SeqLM
+    from . import denoise
+    ids = {role: getattr(tokenizer, f"{role}_token_id") for role in ("bos", "eos", "pad", "mask")}
+    absent = [role for role, i in ids.items() if i is None]
+    if absent:
+        raise ValueError(f"tokenizer {tokenizer.name}: objective.kind=denoise needs {', '.join(absent)} tokens "
+                         "(a BART/RoBERTa vocabulary: <s> </s> <pad> <mask>; attnlab tokenizer train --kind bart)")
+    noise_cfg = cfg.noise()
+    collate = partial(denoise.denoise_collate, cfg=noise_cfg, bos_id=ids["bos"], eos_id=ids["eos"],
+                      pad_id=ids["pad"], mask_id=ids["mask"], max_len=seq_len)
+    return Objective(cfg.kind, lambda shards, rng: denoise.document_chunks(shards, seq_len, rng),
+                     lambda ex, rng: collate(ex, rng=rng), denoise.denoise_loss, denoise.denoise_metrics, Seq2SeqLM)

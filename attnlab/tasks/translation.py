@@ -132,7 +132,8 @@ def translate(model, tokenizer, sentences: Sequence[str], *, num_beams: int = 1,
     for batch in token_batches([len(r) for r in rows], max(max_tokens // num_beams, max_length), shuffle=False):
         ids = pad([rows[j] for j in batch], model.config.pad_token_id or 0).to(device)
         mask = (ids != (model.config.pad_token_id or 0)).long()
-        new = min(int(ids.size(1) * 1.5) + 10, model.decoder.config.max_position_embeddings - 1)
+        positions = model.decoder.config.max_position_embeddings - model.config.extra.get("position_offset", 0)
+        new = min(int(ids.size(1) * 1.5) + 10, positions - 1)  # BART's tables hold 2 rows before position 0
         gen = generate(model, ids, mask, max_new_tokens=new, num_beams=num_beams, length_penalty=length_penalty)
         for j, text in zip(batch, tokenizer.batch_decode(gen[:, 1:].tolist())):
             out[idx[j]] = text.strip()

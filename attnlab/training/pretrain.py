@@ -9,7 +9,8 @@ that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
                 embedding_init: ppmi         # word embeddings from corpus counts first (attnlab.data.cooccur)
     data:       path: /work/runs/corpus  # a prepared corpus (attnlab prepare); built first if absent
                 files: [...]             #   from these files (globs; $ATTNLAB_DATA is expanded)
-                tokenizer: DIR | char    #   with this tokenizer (a directory, or "char" to build one)
+                tokenizer: DIR | char    #   with this tokenizer (a directory, or "char" to build one,
+                                         #   or "bart-bpe:N" to learn a BART byte-level BPE of N tokens)
                 seq_len: 128
                 batch_size: 32
     objective:  kind: mlm+nsp            # see attnlab.objectives.ObjectiveConfig
@@ -41,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, ModelConfig, preset, type_mismatch
+from ..config import PRESETS, ConfigError, ModelConfig, preset, type_mismatch
 from ..objectives import ObjectiveConfig, build_objective
 from .trainer import Trainer, TrainArgs, distributed_context
 
@@ -173,6 +174,12 @@ def ensure_corpus(cfg: DataConfig, progress: bool = True) -> Path:
     if cfg.tokenizer == "char":
         from ..tokenizers import build_char_tokenizer
         tokenizer = build_char_tokenizer(files)
+    elif cfg.tokenizer.startswith("bart-bpe:"):  # BART's byte-level BPE with fairseq's specials, learned here
+        from ..tokenizers import train_tokenizer
+        size = cfg.tokenizer.removeprefix("bart-bpe:")
+        if not size.isdigit():
+            raise ConfigError(f"data.tokenizer={cfg.tokenizer!r}: expected bart-bpe:N with N the vocabulary size")
+        tokenizer = train_tokenizer("bart", files, int(size))
     else:
         tokenizer = load_tokenizer(os.path.expandvars(cfg.tokenizer.replace("${ATTNLAB_DATA}", _data_root())))
     prepare_corpus(tokenizer, files, path, documents=cfg.documents, raw=cfg.raw, heldout=cfg.heldout,
@@ -188,13 +195,17 @@ def build_model_config(model: dict, tokenizer, seq_len: int) -> ModelConfig:
     values = dict(model)
     values.pop("embedding_init", None)
     name = values.pop("preset", None)
+    if name in PRESETS and isinstance(values.get("extra"), dict):  # extra.KEY changes one key of the preset's
+        values["extra"] = {**PRESETS[name].get("extra", {}), **values["extra"]}
     values.setdefault("vocab_size", tokenizer.vocab_size)
     values.setdefault("pad_token_id", tokenizer.pad_token_id)
     cfg = preset(name, **values) if name else ModelConfig.from_dict(values, source="model")
     if cfg.vocab_size < tokenizer.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}")
-    if cfg.position == "learned" and cfg.max_position_embeddings < seq_len:
-        raise ConfigError(f"model.max_position_embeddings={cfg.max_position_embeddings} < data.seq_len={seq_len}")
+    offset = cfg.extra.get("position_offset", 0)  # RoBERTa / BART tables hold 2 rows before the first position
+    if cfg.position == "learned" and cfg.max_position_embeddings - offset < seq_len:
+        raise ConfigError(f"model.max_position_embeddings={cfg.max_position_embeddings} < data.seq_len={seq_len}"
+                          + (f" + position_offset {offset}" if offset else ""))
     return cfg
 
 
@@ -217,6 +228,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
     embedding_init = cfg.model.get("embedding_init", "random")
     if embedding_init not in EMBEDDING_INITS:
         raise ConfigError(f"model.embedding_init={embedding_init!r}: expected one of {', '.join(EMBEDDING_INITS)}")
+    if source and objective.kind == "denoise":
+        raise ConfigError("model.init_from continues masked-LM pretraining of an encoder; objective.kind=denoise "
+                          "trains an encoder-decoder from scratch (model.preset: bart-base, ...)")
     if source and embedding_init != "random":
         raise ConfigError("model.embedding_init and model.init_from exclude each other: init_from brings its "
                           "own embeddings")
@@ -228,6 +242,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
         model_cfg = build_model_config(cfg.model, tokenizer, cfg.data.seq_len)
     if objective.kind == "clm" and not model_cfg.causal:
         raise ConfigError("objective.kind=clm needs a causal model (model.causal: true)")
+    if objective.kind == "denoise" and not source:  # the tokenizer names the ids BART's decoder starts from
+        model_cfg = model_cfg.replace(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                      extra={**model_cfg.extra, "decoder_start_token_id": tokenizer.eos_token_id})
     if objective.kind != "clm" and model_cfg.causal:
         raise ConfigError(f"objective.kind={objective.kind} needs a bidirectional model (model.causal: false)")
     if not source:
