@@ -54,11 +54,14 @@ def run(name: str, out: str | Path, *, tiny: bool = False, data: str | Path | No
     return report
 
 
-def write_index(out: str | Path) -> Path:
-    """OUT/EXPERIMENTS.md: every experiment whose results OUT holds, in the notes' order: its claim, the
-    verdict its run computed, its plot, and a link to its full table."""
+def write_index(out: str | Path, index: str | Path | None = None) -> Path:
+    """`index` (default OUT/EXPERIMENTS.md): every experiment whose results OUT holds, in the notes' order:
+    its claim, the verdict its run computed, its plot, and a link to its full table."""
     import json
+    import os
     out = Path(out)
+    index = Path(index) if index else out / "EXPERIMENTS.md"
+    rel = lambda p: os.path.relpath(p, index.parent)  # noqa: E731  (links work from where the index lives)
     parts = ["# The notes' claims, measured\n",
              "Each section is one `attnlab experiment NAME` run on this machine; the verdict is computed from "
              "the run's numbers. Full tables, settings and machine load: the linked NAME.md files.\n"]
@@ -71,11 +74,12 @@ def write_index(out: str | Path) -> Path:
         r = json.loads(path.read_text())
         word = {True: "holds", False: "does not hold", None: "mixed"}[r["holds"]]
         parts.append(f"## {name}: {word}\n\n**Claim:** {r['claim']}\n\n**Verdict:** {r['verdict']}\n\n"
-                     f"![{name}]({name}.png)\n\nTable and settings: [{name}.md]({name}.md) · "
+                     f"![{name}]({rel(out / f'{name}.png')})\n\nTable and settings: "
+                     f"[{name}.md]({rel(out / f'{name}.md')}) · "
                      f"`attnlab experiment {name}` · {r['seconds']:.0f} s\n")
     if not found:
         raise FileNotFoundError(f"{out}: no experiment results (NAME.json) to index")
-    index = out / "EXPERIMENTS.md"
+    index.parent.mkdir(parents=True, exist_ok=True)
     index.write_text("\n".join(parts), encoding="utf-8")
     return index
 
