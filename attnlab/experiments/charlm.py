@@ -53,16 +53,22 @@ def train_char(out: Path, name: str, change: dict | None = None, *, data: Path, 
                         files=[str(data / "tiny_shakespeare" / "input.txt")])
     tree["train"]["output_dir"] = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    for stale in ("metrics.jsonl", "summary.json"):
-        (run_dir / stale).unlink(missing_ok=True)
+    recipe = yaml.safe_dump(tree, sort_keys=False)
     diverged = None
-    try:
-        pretrain(load_config(run_dir / "recipe.yaml"))
-    except (RuntimeError, FloatingPointError, ValueError) as err:
-        if "finite" not in str(err).lower() and "nan" not in str(err).lower():
-            raise
-        diverged = " ".join(str(err).split())[:200]
+    # a finished run of the same recipe is reused: an experiment rerun after an interruption (or to redo
+    # its analysis) only trains what is missing
+    done = (run_dir / "recipe.yaml").exists() and (run_dir / "recipe.yaml").read_text() == recipe and \
+        (run_dir / "summary.json").exists() and (run_dir / "model").is_dir()
+    if not done:
+        (run_dir / "recipe.yaml").write_text(recipe)
+        for stale in ("metrics.jsonl", "summary.json"):
+            (run_dir / stale).unlink(missing_ok=True)
+        try:
+            pretrain(load_config(run_dir / "recipe.yaml"))
+        except (RuntimeError, FloatingPointError, ValueError) as err:
+            if "finite" not in str(err).lower() and "nan" not in str(err).lower():
+                raise
+            diverged = " ".join(str(err).split())[:200]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()] \
         if (run_dir / "metrics.jsonl").exists() else []
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
