@@ -103,6 +103,12 @@ class ModelConfig:
     classifier_pooling: str = "cls"
     tie_word_embeddings: bool = True
     share_layers: bool = False          # ALBERT: one block's parameters reused by every layer (Lan et al. 2020, §3.1)
+    # mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): the FFN becomes `num_experts`
+    # FFNs of intermediate_size and a router sending each token to its `experts_top_k` best; 0 = dense FFN
+    num_experts: int = 0
+    experts_top_k: int = 2
+    router_aux_loss_coef: float = 0.0   # load-balancing loss weight in training (Fedus et al. 2021, eq. 4)
+    router_z_loss_coef: float = 0.0     # router z-loss weight (Zoph et al. 2022, ST-MoE eq. 5); 0 = off
 
     # --- numbers
     norm_eps: float = 1e-12
@@ -206,6 +212,13 @@ class ModelConfig:
         if self.position == "rope" and (self.rotary_dim % 2 or not self.rotary_dim):
             raise bad("rotary_fraction", f"gives {self.rotary_dim} rotated dimensions of head_dim={self.dim_head}; "
                                          "must be even (dimensions rotate in pairs)")
+        if self.num_experts < 0 or self.num_experts == 1:
+            raise bad("num_experts", "must be 0 (a dense FFN) or at least 2")
+        if self.num_experts and not 1 <= self.experts_top_k <= self.num_experts:
+            raise bad("experts_top_k", f"must lie in [1, num_experts={self.num_experts}]")
+        for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be a non-negative number")
         if self.parallel_residual and self.norm_placement != "pre":
             raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 

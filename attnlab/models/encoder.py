@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..nn.moe import collect_router_logits, load_balancing_loss, router_z_loss
 from ..nn.varlen import Varlen
 from ..nn import AttentionMask, Block, Embeddings, RelativePositionBias, RotaryEmbedding, make_norm
 from .base import Model, ModelOutput
@@ -152,7 +153,23 @@ class Encoder(Model):
             pooler_output=self.pooler(x) if self.pooler is not None else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
-            past_key_values=past_key_values if use_cache else None)
+            past_key_values=past_key_values if use_cache else None,
+            extra=self._router_outputs(attention_mask, varlen, t) if cfg.num_experts else {})
+
+    def _router_outputs(self, attention_mask, varlen, t: int) -> dict:
+        """An MoE stack's router logits per layer, (B*T, E) as transformers returns them (zeros at padding
+        of an unpadded batch), the load-balancing loss over real tokens, and `router_loss`: what training adds
+        to the LM loss (the aux and z losses times their coefficients)."""
+        cfg = self.config
+        logits = collect_router_logits(self.layers)
+        if varlen is not None:
+            logits = tuple(varlen.pad(lg).flatten(0, 1) for lg in logits)
+        mask = attention_mask[:, -t:] if attention_mask is not None else None
+        aux = load_balancing_loss(logits, cfg.num_experts, cfg.experts_top_k, mask)
+        router_loss = cfg.router_aux_loss_coef * aux
+        if cfg.router_z_loss_coef:
+            router_loss = router_loss + cfg.router_z_loss_coef * router_z_loss(logits)
+        return {"router_logits": logits, "aux_loss": aux, "router_loss": router_loss}
 
     def _is_local(self, layer_idx: int) -> bool:
         """Which layers use the sliding window. Every layer, unless `global_every` (ModernBERT: every
