@@ -135,9 +135,14 @@ class Encoder(Model):
         bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None
 
         hidden_states, attentions = [repad(x)] if output_hidden_states else None, [] if output_attentions else None
+        key_start = getattr(past_key_values, "key_start", None)  # a rolling (sliding-window) KV cache
         for i, layer in enumerate(self.layers):
             is_local = self._is_local(i)
-            x, (w, _) = layer(x, local if is_local else mask, rope=local_rope if is_local else rope, bias=bias,
+            layer_mask = local if is_local else mask
+            if key_start is not None and key_start(i) and layer_mask.allowed is not None:
+                # the cache returns keys from absolute position key_start(i) on: drop the columns before it
+                layer_mask = AttentionMask(layer_mask.allowed[..., key_start(i):], layer_mask.is_causal)
+            x, (w, _) = layer(x, layer_mask, rope=local_rope if is_local else rope, bias=bias,
                               cache=past_key_values, layer_idx=i, need_weights=output_attentions, varlen=varlen)
             if output_hidden_states:
                 hidden_states.append(repad(x))
