@@ -349,6 +349,22 @@ PRESETS: dict[str, dict[str, Any]] = {
                        embedding_norm=False, pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.1,
                        pad_token_id=0, eos_token_id=1, tie_word_embeddings=False, max_position_embeddings=1024,
                        extra={"num_decoder_layers": 4, "decoder_start_token_id": 0, "scale_decoder_outputs": False}),
+    # Mistral 7B (Jiang et al. 2023, Table 1): LLaMA-style, GQA 32/8, 4096-token sliding window in every layer.
+    "mistral-7b": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                       num_kv_heads=8, intermediate_size=14336, max_position_embeddings=32768, type_vocab_size=0,
+                       causal=True, position="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu",
+                       bias=False, embedding_norm=False, final_norm=True, pooler=False, norm_eps=1e-5, dropout=0.0,
+                       attention_dropout=0.0, sliding_window=4096, tie_word_embeddings=False, pad_token_id=None,
+                       bos_token_id=1, eos_token_id=2),
+    # Mixtral 8x7B (Jiang et al. 2024, §2): Mistral's shape, full attention, 8 SwiGLU experts per layer, top-2:
+    # 46.7B parameters, 12.9B active per token (`attnlab info mixtral-8x7b`).
+    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                         num_kv_heads=8, intermediate_size=14336, max_position_embeddings=32768, type_vocab_size=0,
+                         causal=True, position="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu",
+                         bias=False, embedding_norm=False, final_norm=True, pooler=False, norm_eps=1e-5, dropout=0.0,
+                         attention_dropout=0.0, rope_theta=1e6, tie_word_embeddings=False, pad_token_id=None,
+                         bos_token_id=1, eos_token_id=2, num_experts=8, experts_top_k=2,
+                         router_aux_loss_coef=0.02),
 }
 
 
