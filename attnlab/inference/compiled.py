@@ -200,7 +200,6 @@ class _Session:
         self.col += 1
         return logits.float()
 
-
     def _fill_ring(self) -> None:
         """Move the prompt's last W - 1 keys/values (what the rolling cache kept) into their ring slots."""
         p, w = self.prompt_len, self.ring

@@ -12,9 +12,9 @@ store them (`block_sparse_moe.experts.{j}.w1/w3/w2`).
 
 A router left alone collapses onto a few experts; the load-balancing loss (Fedus et al. 2021, Switch
 Transformer, eqs. 4-6) pushes towards a uniform share:
-    aux = E * sum_e f_e * P_e,   f_e = share of top-k assignments to expert e,  P_e = mean router prob of e
-(1 when perfectly balanced). The router z-loss (Zoph et al. 2022, ST-MoE, eq. 5) keeps logits small:
-    z = mean over tokens of logsumexp(logits)^2.
+    aux = E * sum_e f_e * P_e,   f_e = top-k assignments to expert e per token,  P_e = mean router prob of e
+(k when perfectly balanced: f_e = k/E, P_e = 1/E). The router z-loss (Zoph et al. 2022, ST-MoE, eq. 5)
+keeps the logits small:  z = mean over tokens of logsumexp(logits)^2.
 
 Each MoE module keeps its last forward's router logits (`router_logits`, (N, E)); the stack collects
 them with `collect_router_logits` so that the block's interface stays the one every FFN has.
