@@ -153,3 +153,11 @@ def test_compiled_decode_with_a_window_equals_eager(pair):
         compiled.forget(ours)
     assert torch.equal(got, want)
     assert paged == [row[20:].tolist() for row in want]
+
+
+def test_beam_search_over_the_rolling_cache_equals_transformers(pair):
+    hf, ours, _ = pair  # beams reorder the kept window each step (KVCache.reorder)
+    prompt = ids(2, 6, seed=5)
+    kwargs = dict(num_beams=3, max_new_tokens=30)
+    want = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, pad_token_id=3, **kwargs)
+    assert torch.equal(generate(ours, prompt, eos_token_id=[], pad_token_id=3, **kwargs), want)
