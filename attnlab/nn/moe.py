@@ -49,18 +49,18 @@ class MoEFeedForward(nn.Module):
         h = x.reshape(-1, shape[-1])
         logits, weights, experts = self.route(h)
         self.router_logits = logits
-        # Dispatch: sort the N*k (token, slot) pairs by expert, run each expert once on its tokens, and
-        # add the weighted outputs back in place (no E x N dense compute, no padding to a capacity).
+        # Dispatch: sort the N*k (token, slot) pairs by expert, gather their inputs once, run each expert on
+        # its contiguous slice, and add the weighted outputs back with one index_add (no E x N dense compute,
+        # no padding to a capacity). At the char recipe's size the time is the experts' small matmuls, not
+        # the dispatch (measured: one gather/scatter for all experts or one per expert, within noise).
         flat = experts.flatten()
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        out = torch.zeros_like(h)
-        for expert, pairs in zip(self.experts, order.split(counts)):
-            if not len(pairs):
-                continue
-            tokens = pairs // self.top_k
-            out.index_add_(0, tokens, expert(h[tokens]) * weights.flatten()[pairs, None])
-        return out.view(shape)
+        tokens = order // self.top_k
+        routed = h[tokens]
+        y = torch.cat([expert(part) for expert, part in zip(self.experts, routed.split(counts))])
+        y = y * weights.flatten()[order, None]
+        return torch.zeros_like(h).index_add_(0, tokens, y).view(shape)
 
 
 def collect_router_logits(module: nn.Module) -> tuple[torch.Tensor, ...]:
