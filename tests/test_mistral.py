@@ -145,6 +145,11 @@ def test_compiled_decode_with_a_window_equals_eager(pair):
     compiled.forget(ours)
     compiled._DECODERS[ours] = compiled.StaticDecoder(ours, backend="eager")  # traced, no codegen: seconds
     try:
+        with torch.inference_mode():  # the static cache is a ring of exactly W columns
+            session = compiled._DECODERS[ours].session(x, mask, 40)
+            session(x)
+            session(x[:, -1:])
+            assert [k.size(2) for k in session.keys] == [WINDOW, WINDOW]
         got = generate(ours, x, mask, max_new_tokens=40, eos_token_id=[], compile=True)
         engine = Engine(ours, num_blocks=64, block_size=4, max_batch=4, compile={"backend": "eager"})
         paged = engine.generate([row[m.bool()].tolist() for row, m in zip(x, mask)],
