@@ -177,3 +177,19 @@ def test_cli_info_and_generate_with_both_families(tmp_path, capsys):
         out = capsys.readouterr().out
         assert f"model_type={cfg.model_type}" in out
         assert ("parameters active per token" in out) == name.startswith("mixtral")
+
+
+def test_trainer_logs_expert_shares_and_eval_shares(tmp_path):
+    import json
+    from attnlab.training import Trainer, TrainArgs
+    torch.manual_seed(0)
+    model = attnlab.from_config(tiny(router_aux_loss_coef=0.01))
+    ids = torch.randint(0, 61, (4, 17))
+    batches = [{"input_ids": ids[:, :-1], "labels": ids[:, 1:]}]
+    args = TrainArgs(output_dir=str(tmp_path), max_steps=3, lr=1e-3, log_every=1, progress=False)
+    Trainer(model, args, batches, loss_fn=clm_loss, eval_data=batches, metrics_fn=clm_metrics).train()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "expert_share" in r]
+    assert len(train_rows) == 3 and all(len(r["expert_share"]) == E for r in train_rows)
+    assert all(abs(sum(r["expert_share"]) - 1) < 1e-3 for r in train_rows)
+    assert abs(sum(rows[-1][f"eval_expert_share_{j}"] for j in range(E)) - 1) < 1e-6
