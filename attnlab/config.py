@@ -103,6 +103,12 @@ class ModelConfig:
     classifier_pooling: str = "cls"
     tie_word_embeddings: bool = True
     share_layers: bool = False          # ALBERT: one block's parameters reused by every layer (Lan et al. 2020, §3.1)
+    # mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): the FFN becomes `num_experts`
+    # FFNs of intermediate_size and a router sending each token to its `experts_top_k` best; 0 = dense FFN
+    num_experts: int = 0
+    experts_top_k: int = 2
+    router_aux_loss_coef: float = 0.0   # load-balancing loss weight in training (Fedus et al. 2021, eq. 4)
+    router_z_loss_coef: float = 0.0     # router z-loss weight (Zoph et al. 2022, ST-MoE eq. 5); 0 = off
 
     # --- numbers
     norm_eps: float = 1e-12
@@ -206,6 +212,13 @@ class ModelConfig:
         if self.position == "rope" and (self.rotary_dim % 2 or not self.rotary_dim):
             raise bad("rotary_fraction", f"gives {self.rotary_dim} rotated dimensions of head_dim={self.dim_head}; "
                                          "must be even (dimensions rotate in pairs)")
+        if self.num_experts < 0 or self.num_experts == 1:
+            raise bad("num_experts", "must be 0 (a dense FFN) or at least 2")
+        if self.num_experts and not 1 <= self.experts_top_k <= self.num_experts:
+            raise bad("experts_top_k", f"must lie in [1, num_experts={self.num_experts}]")
+        for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be a non-negative number")
         if self.parallel_residual and self.norm_placement != "pre":
             raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 
@@ -360,6 +373,22 @@ PRESETS: dict[str, dict[str, Any]] = {
                       extra=dict(_BART_EXTRA, num_decoder_layers=6)),
     "bart-large": dict(_BART, hidden_size=1024, num_layers=12, num_heads=16, intermediate_size=4096,
                        attention_dropout=0.0, extra=dict(_BART_EXTRA, num_decoder_layers=12)),
+    # Mistral 7B (Jiang et al. 2023, Table 1): LLaMA-style, GQA 32/8, 4096-token sliding window in every layer.
+    "mistral-7b": dict(model_type="mistral", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                       num_kv_heads=8, intermediate_size=14336, max_position_embeddings=32768, type_vocab_size=0,
+                       causal=True, position="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu",
+                       bias=False, embedding_norm=False, final_norm=True, pooler=False, norm_eps=1e-5, dropout=0.0,
+                       attention_dropout=0.0, sliding_window=4096, tie_word_embeddings=False, pad_token_id=None,
+                       bos_token_id=1, eos_token_id=2),
+    # Mixtral 8x7B (Jiang et al. 2024, §2): Mistral's shape, full attention, 8 SwiGLU experts per layer, top-2:
+    # 46.7B parameters, 12.9B active per token (`attnlab info mixtral-8x7b`).
+    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                         num_kv_heads=8, intermediate_size=14336, max_position_embeddings=32768, type_vocab_size=0,
+                         causal=True, position="rope", norm="rmsnorm", norm_placement="pre", activation="swiglu",
+                         bias=False, embedding_norm=False, final_norm=True, pooler=False, norm_eps=1e-5, dropout=0.0,
+                         attention_dropout=0.0, rope_theta=1e6, tie_word_embeddings=False, pad_token_id=None,
+                         bos_token_id=1, eos_token_id=2, num_experts=8, experts_top_k=2,
+                         router_aux_loss_coef=0.02),
 }
 
 

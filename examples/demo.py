@@ -36,6 +36,7 @@ def section(title: str) -> None:
 def show_info() -> None:
     section(f"1. attnlab info {MINILM}: what the model is made of, one layer walked through")
     cli(["info", MINILM, "--seq-len", "128"])
+    cli(["info", "mixtral-8x7b", "--seq-len", "16"])  # a mixture of experts: 46.7B parameters, 12.9B active
 
 
 def nearest_neighbours() -> None:

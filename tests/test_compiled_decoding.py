@@ -53,11 +53,14 @@ def test_inductor_compiled_step_matches_eager_logits():
 
 
 def test_what_compile_does_not_cover_is_a_clear_error():
-    cfg = ModelConfig(model_type="llama", vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+    cfg = ModelConfig(model_type="llama", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
                       intermediate_size=32, position="rope", norm="rmsnorm", activation="swiglu", bias=False,
-                      causal=True, sliding_window=4, max_position_embeddings=64)
-    model = CausalLM(cfg).eval()
-    with pytest.raises(ValueError, match="sliding_window=4"):
+                      causal=True, sliding_window=4, max_position_embeddings=64, extra={"global_every": 2})
+    model = CausalLM(cfg).eval()  # local and global layers (an all-local window is covered: test_mistral.py)
+    with pytest.raises(ValueError, match="sliding_window=4 in some layers only"):
         generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=2, compile=True)
+    moe = CausalLM(cfg.replace(sliding_window=None, extra={}, num_experts=4)).eval()
+    with pytest.raises(ValueError, match="mixture of experts"):
+        generate(moe, torch.tensor([[1, 2, 3]]), max_new_tokens=2, compile=True)
     with pytest.raises(ValueError, match="not beam search"):
         generate(tiny("gpt2"), torch.tensor([[1, 2, 3]]), max_new_tokens=2, num_beams=2, compile=True)

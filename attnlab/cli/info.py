@@ -9,6 +9,7 @@ examples:
   attnlab info bert-base --seq-len 512 --explain      # every layer kind step by step, with totals
   attnlab info bert-base --explain --set causal=true --set num_kv_heads=4              # a GQA decoder
   attnlab info bert-base --explain --set sliding_window=64 --set extra.global_every=3  # ModernBERT-style
+  attnlab info mixtral-8x7b               # experts: 8 per layer, top-2; active vs total parameters
 """
 from __future__ import annotations
 
@@ -87,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--seq-len must be positive, got {args.seq_len}")
     model = model_skeleton(args.model, args.architecture, parse_overrides(args.set))
     print(describe(model, seq_len=args.seq_len, title=args.model, walkthrough=not args.explain))
+    if model.config.num_experts:  # a mixture of experts: what a token pays for vs what the model holds
+        from ..nn.moe import active_parameters
+        active, total = active_parameters(model)
+        print(f"experts: {model.config.num_experts} per layer, top-{model.config.experts_top_k} routing; "
+              f"parameters active per token: {active:,} of {total:,} ({active / total:.1%})")
     if args.explain:
         from ..viz.walkthrough import explain_model, format_explanation
         print()

@@ -55,7 +55,7 @@ def beam_search(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | N
 
     padded = attention_mask is not None and not bool(attention_mask.all())
     mask = attention_mask.long().repeat_interleave(n, dim=0) if padded else None
-    cache = KVCache(cfg.num_layers, max_length=max_len)
+    cache = KVCache.for_model(model, max_length=max_len)
     step_input = input_ids.repeat_interleave(n, dim=0)
     batch_offset = (torch.arange(b, device=device) * n)[:, None]
     cur = prompt_len

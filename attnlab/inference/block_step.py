@@ -29,7 +29,7 @@ def supported(model) -> bool:
     if cfg is None or backbone is None or kernels() is None or not hasattr(model, "lm_head"):
         return False
     if (cfg.position != "rope" or cfg.norm != "rmsnorm" or cfg.norm_placement != "pre" or cfg.activation != "swiglu"
-            or cfg.bias or cfg.sliding_window or backbone.local_rope is not None
+            or cfg.bias or cfg.sliding_window or cfg.num_experts or backbone.local_rope is not None
             or backbone.relative_bias is not None or cfg.scale_embeddings or cfg.dim_head % 2):
         return False
     emb = backbone.embeddings

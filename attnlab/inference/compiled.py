@@ -67,22 +67,25 @@ class _PagedWriter:
 
 
 def check_compilable(model) -> None:
-    """The static step covers causal decoders with learned, sinusoidal or rotary positions and full
-    attention; anything else gets a clear error instead of a wrong answer."""
+    """The static step covers causal decoders with learned, sinusoidal or rotary positions and full or
+    sliding-window attention (in every layer); anything else gets a clear error instead of a wrong answer."""
     cfg = model.config
     backbone = getattr(model, "backbone", None)
     problems = []
     if backbone is None or not getattr(cfg, "causal", False) or not hasattr(model, "lm_head"):
         problems.append("it is not a causal LM (CausalLM)")
     else:
-        if cfg.sliding_window:
-            problems.append(f"sliding_window={cfg.sliding_window}")
+        if cfg.sliding_window and not all(backbone._is_local(i) for i in range(cfg.num_layers)):
+            problems.append(f"sliding_window={cfg.sliding_window} in some layers only")
+        if cfg.num_experts:  # the expert dispatch has data-dependent shapes
+            problems.append(f"num_experts={cfg.num_experts} (a mixture of experts)")
         if backbone.relative_bias is not None:
             problems.append("relative position bias")
         if cfg.extra.get("position_offset") is not None:
             problems.append("position_offset")
     if problems:
-        raise ValueError(f"compile=True supports causal decoders with full attention; this model has "
+        raise ValueError(f"compile=True supports causal decoders with full (or all-sliding-window) attention with a "
+                         f"dense FFN; this model has "
                          f"{', '.join(problems)}; run it without compile")
 
 
@@ -118,6 +121,7 @@ class _CompiledStep:
     def __init__(self, model, *, autotune: bool = True, backend: str = "inductor") -> None:
         check_compilable(model)
         self._model = weakref.ref(model)  # the registry below must not keep the model alive
+        self.window = model.config.sliding_window  # every layer local (check_compilable): caches may roll
         self.autotune, self.backend = autotune, backend
         self._compiled = torch.compile(type(self)._fn, backend=backend, fullgraph=True)
 
@@ -159,12 +163,17 @@ class _Session:
         self.model = model = decoder.model
         b, p = input_ids.shape
         need = p + max_new_tokens
-        capacity = capacity_bucket(need, model.config.max_position_embeddings)
-        self.decoder, self.mask = decoder, attention_mask
-        self.cache = KVCache(model.config.num_layers, max_length=capacity)
+        # Sliding window W shorter than the generation: the static cache is a ring of W columns (Mistral's
+        # rolling buffer, Jiang et al. 2023, §2): column c lives in slot c % W, so the token written at c
+        # overwrites c - W, the first one out of the window; all slots hold keys within the window.
+        self.ring = decoder.window if decoder.window is not None and need > decoder.window else None
+        capacity = self.ring or capacity_bucket(need, model.config.max_position_embeddings)
+        self.decoder, self.mask, self.prompt_len = decoder, attention_mask, p
+        self.cache = KVCache.for_model(model) if self.ring else KVCache(model.config.num_layers, max_length=capacity)
         device = input_ids.device
         self.allowed = torch.zeros(b, 1, 1, capacity, dtype=torch.bool, device=device)
-        self.allowed[:, 0, 0, :p] = True if attention_mask is None else attention_mask.bool()
+        if not self.ring:
+            self.allowed[:, 0, 0, :p] = True if attention_mask is None else attention_mask.bool()
         real = attention_mask.long().sum(-1) if attention_mask is not None else torch.full((b,), p, device=device)
         self.next_position = real[:, None]  # left padding: a row's positions count its real tokens only
         self.col, self.started = p, False
@@ -174,17 +183,35 @@ class _Session:
             self.started = True
             out = self.model(step_input, attention_mask=self.mask, past_key_values=self.cache, use_cache=True,
                              logits_to_keep=1)
-            for k, v in zip(self.cache.keys, self.cache.values):  # unwritten columns must be 0, not garbage:
-                k[:, :, self.col:].zero_()                         # 0 x NaN would poison the masked sum
-                v[:, :, self.col:].zero_()
+            if self.ring:
+                self._fill_ring()
+            else:
+                for k, v in zip(self.cache.keys, self.cache.values):  # unwritten columns must be 0, not garbage:
+                    k[:, :, self.col:].zero_()                         # 0 x NaN would poison the masked sum
+                    v[:, :, self.col:].zero_()
+                self.keys, self.values = self.cache.keys, self.cache.values
             return out.logits[:, -1].float()
-        col = torch.tensor([self.col], device=step_input.device)
-        self.allowed[:, :, :, self.col] = True
-        logits = self.decoder.step(self.model, step_input, self.next_position, self.allowed, col, self.cache.keys,
-                                   self.cache.values)
+        slot = self.col % self.ring if self.ring else self.col
+        col = torch.tensor([slot], device=step_input.device)
+        self.allowed[:, :, :, slot] = True
+        logits = self.decoder.step(self.model, step_input, self.next_position, self.allowed, col, self.keys,
+                                   self.values)
         self.next_position = self.next_position + 1
         self.col += 1
         return logits.float()
+
+    def _fill_ring(self) -> None:
+        """Move the prompt's last W - 1 keys/values (what the rolling cache kept) into their ring slots."""
+        p, w = self.prompt_len, self.ring
+        kept = self.cache.keys[0].size(2)
+        cols = torch.arange(p - kept, p, device=self.allowed.device)
+        self.keys, self.values = [], []
+        for k, v in zip(self.cache.keys, self.cache.values):
+            ring_k, ring_v = k.new_zeros(*k.shape[:2], w, k.size(3)), v.new_zeros(*v.shape[:2], w, v.size(3))
+            ring_k[:, :, cols % w], ring_v[:, :, cols % w] = k, v
+            self.keys.append(ring_k)
+            self.values.append(ring_v)
+        self.allowed[:, 0, 0, cols % w] = True if self.mask is None else self.mask[:, p - kept:].bool()
 
 
 _DECODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

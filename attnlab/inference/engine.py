@@ -114,6 +114,11 @@ class Engine:
             self.decoder = PagedDecoder(model, **(compile if isinstance(compile, dict) else {}))
         self.tokenizer = tokenizer
         self.pool = BlockPool.for_model(model, num_blocks, block_size)
+        # a model whose every layer attends within a sliding window (Mistral) keeps only each sequence's
+        # recent blocks (paged.BlockPool.trim); one with global layers too keeps everything
+        backbone, cfg = model.backbone, model.config
+        local = cfg.sliding_window and all(backbone._is_local(i) for i in range(cfg.num_layers))
+        self.window = cfg.sliding_window if local else None
         self.max_batch, self.max_waiting, self.max_prefill_tokens = max_batch, max_waiting, max_prefill_tokens
         self.context = model.config.max_position_embeddings
         eos = model.config.eos_token_id
@@ -259,13 +264,14 @@ class Engine:
     @torch.inference_mode()
     def _forward(self, reqs: list[Request]) -> torch.Tensor:
         new = [len(r.tokens) - r.table.length for r in reqs]
-        cache = PagedBatchCache(self.pool, [r.table for r in reqs], new)
+        cache = PagedBatchCache(self.pool, [r.table for r in reqs], new, window=self.window)
         ids = torch.full((len(reqs), cache.t), self.pad, dtype=torch.long)
         for i, (r, n) in enumerate(zip(reqs, new)):
             ids[i, cache.t - n:] = torch.tensor(r.tokens[-n:])
         with self.forward_lock:
             out = self.model(ids.to(cache.attention_mask.device), attention_mask=cache.attention_mask,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+                             position_ids=cache.position_ids, past_key_values=cache, use_cache=True,
+                             logits_to_keep=1)
         cache.commit()
         return out.logits[:, -1].float()
 
@@ -275,24 +281,27 @@ class Engine:
         from .compiled import capacity_bucket
         rows, bs, pool = self._decode_rows(len(reqs)), self.pool.block_size, self.pool
         totals = [r.table.length + 1 for r in reqs]
-        width = capacity_bucket(max(totals), pool.capacity_blocks * bs)
+        # a row gathers the keys its new token may see: all of them, or the last `window` (Mistral)
+        firsts = [max(r.table.first_held(bs), t - self.window if self.window else 0) for r, t in zip(reqs, totals)]
+        width = capacity_bucket(max(t - f for t, f in zip(totals, firsts)), pool.capacity_blocks * bs)
         token = torch.full((rows, 1), self.pad, dtype=torch.long)
         position = torch.zeros(rows, 1, dtype=torch.long)
         write = torch.zeros(rows, dtype=torch.long)  # idle rows write to and read the scratch slot 0
         read = torch.zeros(rows, width, dtype=torch.long)
         allowed = torch.zeros(rows, 1, 1, width, dtype=torch.bool)
         allowed[:, 0, 0, 0] = True  # an idle row attends to one (scratch) column: no empty softmax
-        for i, (r, total) in enumerate(zip(reqs, totals)):
-            slots = r.table.slots(0, total, bs)
+        for i, (r, total, first) in enumerate(zip(reqs, totals, firsts)):
+            slots = r.table.slots(first, total, bs)
             token[i, 0], position[i, 0], write[i] = r.tokens[-1], total - 1, slots[-1]
-            read[i, :total] = torch.tensor(slots)
-            allowed[i, 0, 0, :total] = True
+            read[i, :len(slots)] = torch.tensor(slots)
+            allowed[i, 0, 0, :len(slots)] = True
         device = pool.keys[0].device
         with self.forward_lock:
             logits = self.decoder.step(self.model, token.to(device), position.to(device), allowed.to(device),
                                        write.to(device), read.flatten().to(device), pool.keys, pool.values)
         for r in reqs:
             r.table.length += 1
+            pool.trim(r.table, self.window)
         return logits[:len(reqs)].float()
 
     def _decode_rows(self, n: int) -> int:
@@ -310,7 +319,8 @@ class Engine:
         from .compiled import CAPACITY_STEP
         if self.decoder is None:
             return
-        limit = min(max_tokens or CAPACITY_STEP, self.context, self.pool.capacity_blocks * self.pool.block_size)
+        limit = min(max_tokens or CAPACITY_STEP, self.context, self.pool.capacity_blocks * self.pool.block_size,
+                    self.window or self.context)  # a sliding-window row never gathers more than the window
         buckets = sorted({self._decode_rows(n) for n in range(1, self.max_batch + 1)})
         for total in sorted({min(t, limit) for t in range(CAPACITY_STEP, limit + CAPACITY_STEP, CAPACITY_STEP)}):
             probe = Request(-1, [self.pad] * (total - 1), SamplingParams(max_new_tokens=1))

@@ -162,7 +162,7 @@ class _EagerSteps:
 
     def __init__(self, model, mask: torch.Tensor | None, max_length: int) -> None:
         self.model, self.mask = model, mask
-        self.cache = KVCache(model.config.num_layers, max_length=max_length)
+        self.cache = KVCache.for_model(model, max_length=max_length)  # rolls in sliding-window layers
 
     def __call__(self, step_input: torch.Tensor) -> torch.Tensor:
         if self.mask is not None and self.cache.get_seq_length():

@@ -25,6 +25,10 @@ Block 0 is never handed out: it is the scratch slot that padding positions write
 hook): new keys are written into their slots, then each row's whole history is gathered into a
 padded (B, kv_heads, K, d) tensor, right-aligned so that the ordinary left-padding attention mask and
 positions of `Encoder` apply unchanged.
+
+Sliding-window models (Mistral) roll here too: after each pass a sequence gives back the blocks wholly
+older than its window (`BlockPool.trim`), so it holds at most ceil((W - 1) / block_size) + 1 blocks
+however long it runs, and the freed blocks serve other requests.
 """
 from __future__ import annotations
 
@@ -37,14 +41,21 @@ SCRATCH_BLOCK = 0
 
 
 class BlockTable:
-    """One sequence's blocks, in order, and how many tokens are stored in them."""
+    """One sequence's blocks, in order, and how many tokens are stored in them. Under a sliding window
+    the leading blocks that no query can see any more go back to the pool (`BlockPool.trim`); `dropped`
+    counts them, so token j still lives in block `j // block_size - dropped` of the list."""
 
     def __init__(self) -> None:
         self.blocks: list[int] = []
         self.length = 0  # tokens whose keys/values are written
+        self.dropped = 0  # leading blocks given back (a rolling window)
+
+    def first_held(self, block_size: int) -> int:
+        """The oldest token whose keys/values are still held."""
+        return self.dropped * block_size
 
     def slots(self, start: int, end: int, block_size: int) -> list[int]:
-        return [self.blocks[j // block_size] * block_size + j % block_size for j in range(start, end)]
+        return [self.blocks[j // block_size - self.dropped] * block_size + j % block_size for j in range(start, end)]
 
 
 class BlockPool:
@@ -84,7 +95,7 @@ class BlockPool:
 
     def ensure(self, table: BlockTable, tokens: int) -> bool:
         """Grow `table` to hold `tokens` tokens. False (and nothing taken) when the pool is too empty."""
-        need = self.blocks_for(tokens) - len(table.blocks)
+        need = self.blocks_for(tokens) - table.dropped - len(table.blocks)
         if need <= 0:
             return True
         with self._lock:
@@ -96,7 +107,18 @@ class BlockPool:
     def free(self, table: BlockTable) -> None:
         with self._lock:
             self._free += reversed(table.blocks)
-        table.blocks, table.length = [], 0
+        table.blocks, table.length, table.dropped = [], 0, 0
+
+    def trim(self, table: BlockTable, window: int | None) -> None:
+        """Sliding-window attention (Mistral): the next query, at position `table.length`, sees keys from
+        length - window + 1 on; give back every leading block that lies wholly before that."""
+        if window is None:
+            return
+        n = (table.length - window + 1) // self.block_size - table.dropped
+        if n > 0:
+            with self._lock:
+                self._free += reversed(table.blocks[:n])
+            table.blocks, table.dropped = table.blocks[n:], table.dropped + n
 
     def bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.keys[0][0].numel() * self.keys[0].element_size()
@@ -111,22 +133,29 @@ class PagedBatchCache:
     whole batch, so `Encoder` only needs `get_seq_length() = K - T` and a left-padded mask (B, K).
     """
 
-    def __init__(self, pool: BlockPool, tables: list[BlockTable], new: list[int]) -> None:
+    def __init__(self, pool: BlockPool, tables: list[BlockTable], new: list[int], window: int | None = None) -> None:
+        """window: a sliding-window model's W; each row then holds (and gathers) only its recent blocks,
+        and `position_ids` (absolute positions of the new tokens) must be passed to the model, since the
+        mask no longer starts at each row's first token."""
         bs = pool.block_size
-        self.pool = pool
+        self.pool, self.window = pool, window
         past = [t.length for t in tables]
         total = [p + n for p, n in zip(past, new)]
-        self.t, self.k = max(new), max(total)
+        held = [tot - t.first_held(bs) for t, tot in zip(tables, total)]
+        self.t, self.k = max(new), max(held)
         write, read = [], []
         mask = torch.zeros(len(tables), self.k, dtype=torch.long)
-        for i, (table, p, n, tot) in enumerate(zip(tables, past, new, total)):
+        positions = torch.zeros(len(tables), self.t, dtype=torch.long)
+        for i, (table, p, n, tot, h) in enumerate(zip(tables, past, new, total, held)):
             write += [SCRATCH_BLOCK] * (self.t - n) + table.slots(p, tot, bs)
-            read += [SCRATCH_BLOCK] * (self.k - tot) + table.slots(0, tot, bs)
-            mask[i, self.k - tot:] = 1
+            read += [SCRATCH_BLOCK] * (self.k - h) + table.slots(tot - h, tot, bs)
+            mask[i, self.k - h:] = 1
+            positions[i, self.t - n:] = torch.arange(p, tot)
         device = pool.keys[0].device
         self.write = torch.tensor(write, dtype=torch.long, device=device)
         self.read = torch.tensor(read, dtype=torch.long, device=device)
         self.attention_mask = mask.to(device)
+        self.position_ids = positions.to(device)
         self.tables, self.new = tables, new
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -145,3 +174,4 @@ class PagedBatchCache:
         """After the forward pass: the new tokens are now part of each sequence's history."""
         for table, n in zip(self.tables, self.new):
             table.length += n
+            self.pool.trim(table, self.window)

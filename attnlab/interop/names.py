@@ -1,7 +1,7 @@
 """State-dict names: ours <-> Hugging Face's, through one table per family (not a converter per model).
 
 A table row is `(ours, theirs)` or `(ours, theirs, transform)`: module or parameter paths, with `{i}`
-standing for a layer number. `ours` may be a tuple of names that HF stores fused in one tensor (GPT-2's
+standing for a layer number (and `{j}` for a second one, an expert's number in a mixture of experts). `ours` may be a tuple of names that HF stores fused in one tensor (GPT-2's
 c_attn holds Q, K, V); such rows are concatenated / split along dim 0. `transform="T"` transposes
 (GPT-2's Conv1D stores weights as (in, out)); a `HeadInterleave` regroups a fused tensor stored head by head.
 """
@@ -16,10 +16,18 @@ from .registry import Family, Row
 
 
 def _pattern(template: str) -> re.Pattern:
-    body = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)")
+    body = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{j\}", r"(?P<j>\d+)")
     if "(?P<i>" not in body:
         body += "(?P<i>)"  # an empty group keeps one code path for layer and non-layer rows
     return re.compile("^" + body + r"(?P<rest>(\..+)?)$")
+
+
+def _fill(template: str, m: re.Match) -> str:
+    """`template` with the layer (and expert) numbers of match `m`, plus the unmatched rest of the key."""
+    name = template.replace("{i}", m.group("i") or "")
+    if "{j}" in template:
+        name = name.replace("{j}", m.group("j"))
+    return name + m.group("rest")
 
 
 class NameTable:
@@ -41,7 +49,7 @@ class NameTable:
                 for j, pat in enumerate(ours_pats):
                     m = pat.match(key)
                     if m:
-                        name = theirs.replace("{i}", m.group("i") or "") + m.group("rest")
+                        name = _fill(theirs, m)
                         if len(ours_t) > 1:
                             fused.setdefault(name, [None] * len(ours_t))[j] = (value, transform)
                         else:
@@ -65,7 +73,7 @@ class NameTable:
             for ours_t, _, transform, _, theirs_pat in self.rows:
                 m = theirs_pat.match(key)
                 if m:
-                    names = [o.replace("{i}", m.group("i") or "") + m.group("rest") for o in ours_t]
+                    names = [_fill(o, m) for o in ours_t]
                     value = _apply(value, transform)
                     if len(names) == 1:
                         out[names[0]] = value
@@ -117,7 +125,7 @@ def hf_name(table: NameTable, key: str) -> str:
         for pat in ours_pats:
             m = pat.match(key)
             if m:
-                return theirs.replace("{i}", m.group("i") or "") + m.group("rest")
+                return _fill(theirs, m)
     return key
 
 

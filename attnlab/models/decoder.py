@@ -17,7 +17,8 @@ from .encoder import Encoder
 
 # The Hugging Face class each family's LM maps onto (written into config.json "architectures").
 HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "openai-gpt": "OpenAIGPTLMHeadModel",
-                    "gpt_neo": "GPTNeoForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "ctrl": "CTRLLMHeadModel"}
+                    "gpt_neo": "GPTNeoForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "ctrl": "CTRLLMHeadModel",
+                    "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 class CausalLM(Model):
@@ -56,4 +57,6 @@ class CausalLM(Model):
         if labels is not None:  # position t predicts token t+1; -100 marks ignored targets
             out.loss = F.cross_entropy(out.logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
                                        ignore_index=-100)
+            if "router_loss" in out.extra:  # mixture of experts: + the weighted load-balancing (and z) loss
+                out.loss = out.loss + out.extra["router_loss"]
         return out

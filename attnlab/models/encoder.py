@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..nn.moe import collect_router_logits, load_balancing_loss, router_z_loss
 from ..nn.varlen import Varlen
 from ..nn import AttentionMask, Block, Embeddings, RelativePositionBias, RotaryEmbedding, make_norm
 from .base import Model, ModelOutput
@@ -139,9 +140,14 @@ class Encoder(Model):
         bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None
 
         hidden_states, attentions = [repad(x)] if output_hidden_states else None, [] if output_attentions else None
+        key_start = getattr(past_key_values, "key_start", None)  # a rolling (sliding-window) KV cache
         for i, layer in enumerate(self.layers):
             is_local = self._is_local(i)
-            x, (w, _) = layer(x, local if is_local else mask, rope=local_rope if is_local else rope, bias=bias,
+            layer_mask = local if is_local else mask
+            if key_start is not None and key_start(i) and layer_mask.allowed is not None:
+                # the cache returns keys from absolute position key_start(i) on: drop the columns before it
+                layer_mask = AttentionMask(layer_mask.allowed[..., key_start(i):], layer_mask.is_causal)
+            x, (w, _) = layer(x, layer_mask, rope=local_rope if is_local else rope, bias=bias,
                               cache=past_key_values, layer_idx=i, need_weights=output_attentions, varlen=varlen)
             if output_hidden_states:
                 hidden_states.append(repad(x))
@@ -157,7 +163,23 @@ class Encoder(Model):
             pooler_output=self.pooler(x) if self.pooler is not None else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             attentions=tuple(attentions) if attentions is not None else None,
-            past_key_values=past_key_values if use_cache else None)
+            past_key_values=past_key_values if use_cache else None,
+            extra=self._router_outputs(attention_mask, varlen, t) if cfg.num_experts else {})
+
+    def _router_outputs(self, attention_mask, varlen, t: int) -> dict:
+        """An MoE stack's router logits per layer, (B*T, E) as transformers returns them (zeros at padding
+        of an unpadded batch), the load-balancing loss over real tokens, and `router_loss`: what training adds
+        to the LM loss (the aux and z losses times their coefficients)."""
+        cfg = self.config
+        logits = collect_router_logits(self.layers)
+        if varlen is not None:
+            logits = tuple(varlen.pad(lg).flatten(0, 1) for lg in logits)
+        mask = attention_mask[:, -t:] if attention_mask is not None else None
+        aux = load_balancing_loss(logits, cfg.num_experts, cfg.experts_top_k, mask)
+        router_loss = cfg.router_aux_loss_coef * aux
+        if cfg.router_z_loss_coef:
+            router_loss = router_loss + cfg.router_z_loss_coef * router_z_loss(logits)
+        return {"router_logits": logits, "aux_loss": aux, "router_loss": router_loss}
 
     def _is_local(self, layer_idx: int) -> bool:
         """Which layers use the sliding window. Every layer, unless `global_every` (ModernBERT: every

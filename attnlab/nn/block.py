@@ -10,6 +10,7 @@ from torch import nn
 from ..config import ModelConfig
 from .attention import Attention, AttentionMask
 from .feedforward import FeedForward
+from .moe import MoEFeedForward
 from .norms import make_norm
 
 
@@ -22,7 +23,7 @@ class Block(nn.Module):
         self.attn_norm = make_norm(config)
         self.cross_attn = Attention(config, cross=True) if cross_attention else None
         self.cross_norm = make_norm(config) if cross_attention else None
-        self.ffn = FeedForward(config)
+        self.ffn = MoEFeedForward(config) if config.num_experts else FeedForward(config)  # Mixtral: routed experts
         self.ffn_norm = make_norm(config)
         self.dropout = nn.Dropout(config.dropout)
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..data.shards import Shard
+from ..nn.moe import expert_counts
 
 try:  # the decoder wrapper lives in models/decoder.py
     from ..models.decoder import CausalLM
@@ -97,12 +98,31 @@ def clm_loss(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     with torch.no_grad():
         n = torch.tensor(float(target.numel()))
         sums = {"loss_sum": loss.detach() * n, "n": n, "correct": (logits.argmax(-1) == target).sum().float()}
+    if "router_loss" in out.extra:  # mixture of experts: the weighted balancing loss trains the routers
+        cfg = getattr(model, "module", model).config  # DDP wraps the model
+        sums.update(expert_sums(out.extra["router_logits"], cfg.experts_top_k))
+        return loss + out.extra["router_loss"], sums
     return loss, sums
+
+
+def expert_sums(router_logits: tuple, top_k: int) -> dict[str, torch.Tensor]:
+    """Top-k assignments per expert ("expert_0", ...), summed over layers: `clm_metrics` turns them into
+    each expert's share of the routed tokens."""
+    counts = expert_counts(router_logits, top_k, router_logits[0].size(-1))
+    return {f"expert_{j}": c for j, c in enumerate(counts)}
 
 
 def clm_metrics(sums: dict[str, float]) -> dict[str, float]:
     loss = sums["loss_sum"] / max(sums["n"], 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "accuracy": sums["correct"] / max(sums["n"], 1)}
+    out = {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "accuracy": sums["correct"] / max(sums["n"], 1)}
+    return {**out, **expert_shares(sums)}
+
+
+def expert_shares(sums: dict[str, float]) -> dict[str, float]:
+    """{"expert_share_j": share of routed tokens} from expert_sums' counts (empty for a dense model)."""
+    counts = {k: v for k, v in sums.items() if k.startswith("expert_") and k[7:].isdigit()}
+    total = sum(counts.values()) or 1.0
+    return {f"expert_share_{k[7:]}": v / total for k, v in counts.items()}
 
 
 def tokens_per_byte(shards: list[Shard], tokenizer, max_tokens: int = 1_000_000) -> float:

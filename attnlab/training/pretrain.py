@@ -408,6 +408,8 @@ def train_flops_per_token(model, seq_len: int, mask_prob: float | None) -> float
             share = mask_prob if (mask_prob is not None and name.startswith("mlm.")) else 1.0
             if name.startswith(("nsp.", "backbone.pooler")):
                 share = 1.0 / seq_len  # once per sequence
+            if ".experts." in name:  # a mixture of experts: each token passes top_k of the num_experts
+                share = cfg.experts_top_k / cfg.num_experts
             total += 6 * module.weight.numel() * share
     return total + 12 * cfg.num_layers * seq_len * cfg.hidden_size
 

@@ -16,7 +16,8 @@ many evaluations without a new best (early stopping).
 What one optimizer step does: `grad_accum` micro-batches, each forward under autocast (bf16 when
 asked) and backward of loss / grad_accum; clip the global gradient norm; AdamW step; scheduler step.
 Every `log_every` steps a line goes to OUTPUT/metrics.jsonl ({"step", "loss", "lr", "tokens_per_s",
-"elapsed_s"}); every `eval_every` steps the held-out batches are scored (keys "eval_*").
+"elapsed_s"}, and "expert_share" for a mixture of experts); every `eval_every` steps the held-out batches are
+scored (keys "eval_*").
 
 A non-finite loss (or gradient norm, when clipping) is caught before the optimizer step, so the
 weights are never touched by it: with `nan_policy="stop"` (default) the run stops with an error
@@ -391,6 +392,7 @@ class Trainer:
         bar = tqdm(total=args.max_steps, initial=self.step, disable=not (args.progress and self.is_main),
                    desc="train", dynamic_ncols=True, file=sys.stderr)
         start, tokens_since, t_log = time.perf_counter(), 0, time.perf_counter()
+        routed: dict[str, float] = {}
         while self.step < stop:
             loss_sum = 0.0
             for micro in range(args.grad_accum):
@@ -402,8 +404,11 @@ class Trainer:
                     else contextlib.nullcontext()
                 with sync:
                     with self._autocast():
-                        loss, _ = self._step_loss(forward, batch)
+                        loss, parts = self._step_loss(forward, batch)
                     (loss / args.grad_accum).backward()
+                for k, v in parts.items():  # a mixture of experts' routed tokens per expert (objectives.clm)
+                    if k.startswith("expert_"):
+                        routed[k] = routed.get(k, 0.0) + float(v)
                 loss_sum = loss_sum + loss.detach()  # a tensor: no host sync per micro-batch
             loss_value = self._mean_over_ranks(float(loss_sum) / args.grad_accum)  # the same on every rank
             norm = None
@@ -426,6 +431,10 @@ class Trainer:
                 tokens_since, t_log = 0, now
                 record = {"step": self.step, "loss": round(loss_value, 6), "lr": lr,
                           "tokens_per_s": round(tps, 1), "elapsed_s": round(now - start, 2)}
+                if routed:  # each expert's share of the tokens routed since the last line (1/E each = balanced)
+                    total = sum(routed.values()) or 1.0
+                    record["expert_share"] = [round(routed[k] / total, 4) for k in sorted(routed, key=lambda k: int(k[7:]))]
+                    routed = {}
                 self._log(record)
                 bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tps:,.0f}")
             early_stop = False

@@ -153,6 +153,12 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
                "leaky_relu": "LeakyReLU"}[cfg.activation]
         steps.append(Step(f"FFN {d}→{ff}→{d} ({act}): ({n}×{d})@({d}×{ff}), then ({n}×{ff})@({ff}×{d})",
                           2 * _mm(n, d, ff), 2 * d * ff + b * (ff + d), 2 * n * ff + n * d))
+    if cfg.num_experts:  # mixture of experts: E such FFNs held, each token runs through its top-k of them
+        e, k, ffn = cfg.num_experts, cfg.experts_top_k, steps.pop()
+        steps.append(Step(f"router: ({n}×{d})@({d}×{e}), softmax, top-{k} of {e} experts per token",
+                          _mm(n, d, e), d * e, n * e))
+        steps.append(Step(f"{k} of {e} experts per token, each an {ffn.text}", k * ffn.flops, e * ffn.params,
+                          k * ffn.activations))
     if cfg.norm_placement == "post":
         steps.append(Step(f"add & norm: {norm}(x + FFN(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     elif cfg.parallel_residual:
