@@ -259,6 +259,11 @@ class ModelConfig:
 # Presets are data. The BERT sizes are the paper's (Devlin et al. 2019, §3): base L=12 H=768 A=12,
 # large L=24 H=1024 A=16; the small ones follow Turc et al. 2019 ("Well-Read Students"), as google/bert.
 _BERT = dict(model_type="bert")
+_RNN = dict(model_type="rnn", vocab_size=8000, hidden_size=256, num_layers=1, num_heads=1, intermediate_size=256,
+            max_position_embeddings=256, type_vocab_size=0, position="none", pooler=False, dropout=0.2,
+            pad_token_id=0, eos_token_id=1, bos_token_id=2)
+_RNN_EXTRA = {"cell": "gru", "decoder_start_token_id": 2, "warmup_steps": 1000, "adam_betas": [0.9, 0.999],
+              "adam_eps": 1e-8}
 # BART (Lewis et al. 2019, §2.1): the original post-LN encoder-decoder with GELU, a LayerNorm on the
 # embeddings, fairseq's learned positions counted from 2 whatever the padding (hence 1024 + 2 rows),
 # one byte-level BPE vocabulary shared by encoder, decoder and the tied output projection plus a
@@ -308,6 +313,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                              pad_token_id=0, eos_token_id=1, bos_token_id=2,
                              extra={"num_decoder_layers": 6, "decoder_start_token_id": 2, "label_smoothing": 0.1,
                                     "warmup_steps": 4000, "adam_betas": [0.9, 0.98], "adam_eps": 1e-9}),
+    # Before the Transformer (attnlab.models.rnn.RNNSeq2Seq): a bidirectional GRU encoder and a GRU decoder,
+    # without attention (Sutskever et al. 2014: the source squeezed into one vector), with additive attention
+    # (Bahdanau et al. 2015) or with Luong et al.'s (2015) "general" score. num_heads / intermediate_size unused.
+    "rnn": dict(_RNN, extra={**_RNN_EXTRA, "attention": "none"}),
+    "rnn-attention": dict(_RNN, extra={**_RNN_EXTRA, "attention": "additive"}),
+    "rnn-luong": dict(_RNN, extra={**_RNN_EXTRA, "attention": "general"}),
     # T5-small (Raffel et al. 2020, §3.1): pre-LN RMSNorm without bias, no absolute positions but a relative
     # bias per bucket computed once per stack and shared by its layers (§2.1), unscaled q.k (attention_scale
     # 1.0: the 1/sqrt(d_k) is folded into the initialisation), ReLU FFN; decoding starts from <pad> = 0.

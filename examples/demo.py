@@ -210,9 +210,14 @@ def denoise_bart() -> None:
         print(f"  {src}  ->  {out}")
 
 
+def claims_as_experiments() -> None:
+    section("11. the notes' claims as experiments (attnlab experiment --list): why scores are divided by sqrt(d_k)")
+    cli(["experiment", "sqrt-dk", "--output", str(OUT / "experiments")])
+
+
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
             finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
-            denoise_bart]
+            denoise_bart, claims_as_experiments]
 
 
 def main() -> int:

@@ -22,6 +22,7 @@ LAYERS = [
     {"interop"},                                   # every checkpoint format + the family registry
     {"data", "objectives", "training", "inference"},
     {"tasks", "serve", "viz"},
+    {"experiments"},                               # the notes' claims as measurements (use any layer below)
     {"cli", "__main__", ""},                       # the command line and the public façade
 ]
 

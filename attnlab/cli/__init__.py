@@ -9,7 +9,7 @@ import sys
 from .paths import check_inputs
 
 # The order here is the order `attnlab --help` lists them in.
-COMMANDS = ["info", "embed", "generate", "viz", "plot", "finetune", "evaluate", "predict", "curve", "tokenizer", "prepare", "pretrain", "distill", "translate", "serve", "sft", "dpo", "prompting"]
+COMMANDS = ["info", "embed", "generate", "viz", "plot", "finetune", "evaluate", "predict", "curve", "tokenizer", "prepare", "pretrain", "distill", "translate", "serve", "sft", "dpo", "prompting", "experiment"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         check_inputs(parser, args.command, args)  # a missing or unreadable input: one line, before any work
+        if getattr(args, "dtype", None) == "bf16" or getattr(args, "precision", None) == "bf16":
+            from ..nn.precision import bf16_warning
+            warning = bf16_warning()
+            if warning:
+                print(f"attnlab {args.command}: {warning}", file=sys.stderr)
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)

@@ -32,6 +32,7 @@ INPUTS: dict[str, dict[str, str]] = {
     "tokenizer": {"files": "files"},
     "prepare": {"files": "files", "tokenizer": "tokenizer"},
     "pretrain": {"config": "file"},
+    "experiment": {"data": "dir"},
     "distill": {"teacher": "model", "corpus": "dir"},
     "translate": {"model": "model", "input": "file"},
     "serve": {"model": "model", "api_key_file": "file", "ssl_certfile": "file", "ssl_keyfile": "file",

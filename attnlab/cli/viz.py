@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     model = attnlab.load(args.model)
     tokenizer = attnlab.load_tokenizer(args.model)
     title = "/".join(Path(str(args.model)).parts[-2:])  # "minilm", or the last two parts of a path
+    if getattr(model, "self_attention", True) is False:  # an RNN encoder-decoder: only its alignment
+        return _alignment(model, tokenizer, args, title)
     if hasattr(model, "encoder") and hasattr(model, "decoder"):
         data = seq2seq_data(model, tokenizer, args.text, args.text_b, title)
     else:
@@ -51,6 +53,32 @@ def run(args: argparse.Namespace) -> int:
         for png in save_heatmaps(data, Path(args.output).with_suffix(".png"), layer=args.layer,
                                  head=args.head or 0):
             print(f"wrote {png}")
+    return 0
+
+
+def _alignment(model, tokenizer, args: argparse.Namespace, title: str) -> int:
+    """An RNN encoder-decoder has no self-attention: draw where its decoder looked in the source at each
+    output step (Bahdanau et al. 2015, Fig. 3), as a PNG next to --output."""
+    import torch
+
+    from ..inference.seq2seq import generate
+    from ..viz.heatmaps import save_alignment
+    if model.attention == "none":
+        raise ValueError(f"{args.model}: an RNN encoder-decoder without attention (extra.attention=none) has no "
+                         "alignment to show: its decoder reads only the encoder's final state")
+    src = tokenizer(args.text, return_tensors="pt")
+    if args.text_b is None:
+        dec = generate(model, src["input_ids"], max_new_tokens=48)
+    else:
+        start = torch.tensor([[model.decoder_start_token_id]])
+        dec = torch.cat([start, tokenizer(args.text_b, return_tensors="pt")["input_ids"]], dim=1)
+    with torch.inference_mode():
+        weights = model(input_ids=src["input_ids"], decoder_input_ids=dec[:, :-1],
+                        output_attentions=True).cross_attentions[0][0, 0]
+    targets = tokenizer.convert_ids_to_tokens(dec[0, 1:].tolist())  # row t: the step that produced token t
+    png = save_alignment(weights, src.tokens(0), targets, Path(args.output).with_suffix(".png"),
+                         title=f"{title}: {model.attention} attention")
+    print(f"wrote {png} ({len(targets)} target x {len(src.tokens(0))} source tokens)")
     return 0
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import heads  # noqa: F401  (every class attnlab_config.json may name is a Model subclass by now)
 from ..config import ConfigError, ModelConfig
-from ..models import decoder, seq2seq  # noqa: F401
+from ..models import decoder, rnn, seq2seq  # noqa: F401
 from ..models.base import Model
 from .files import atomic_write, read_safetensors, read_state_dict
 from .hf import load_hf_state_dict, save_pretrained

@@ -73,6 +73,10 @@ class Encoder(Model):
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but expected "
                              f"{(ref.size(0), past + ref.size(1))} (input_ids {tuple(ref.shape)}"
                              + (f" after {past} cached tokens)" if past else ")"))
+        # the range checks read values back to the host: a graph break under torch.compile (training with
+        # train.compile validates ids once per batch outside the compiled region instead, see the Trainer)
+        if torch.compiler.is_compiling():
+            return
         if input_ids is not None and input_ids.numel():
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.config.vocab_size:

@@ -206,6 +206,8 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     tokenizer saved in OUTPUT is reused (the checkpoints were trained with it)."""
     from ..config import PRESETS, preset
     from ..interop.files import atomic_write
+    from ..interop.native import save_model  # the HF layout where the family has one (an RNN has not)
+    from ..models.rnn import RNNSeq2Seq
     from ..models.seq2seq import Seq2SeqLM
     from ..training import TrainArgs, Trainer
     from ..tokenizers import load_tokenizer
@@ -235,7 +237,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
         extra.update({k[len("extra."):]: v for k, v in (overrides or {}).items() if k.startswith("extra.")})
         cfg = cfg.replace(vocab_size=tok.vocab_size, pad_token_id=0, eos_token_id=1, bos_token_id=2,
                           extra={**extra, "decoder_start_token_id": 2 if cfg.model_type != "t5" else 0})
-        net = Seq2SeqLM(cfg)
+        net = (RNNSeq2Seq if cfg.model_type == "rnn" else Seq2SeqLM)(cfg)
     else:
         net, tok = load_translator(model)
         cfg = net.config
@@ -276,7 +278,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     def on_best(model, record: dict) -> None:  # best.json: the kept model's scores, for a resumed run's summary
         best.clear()
         best.update(scores, step=record["step"], elapsed_s=round(time.time() - start, 1))
-        keep_best(lambda: (model.save(output), atomic_write(output / "best.json", lambda tmp: Path(tmp).write_text(
+        keep_best(lambda: (save_model(model, output), atomic_write(output / "best.json", lambda tmp: Path(tmp).write_text(
             json.dumps(best, indent=2) + "\n"))), output, record["step"])
 
     trainer = Trainer(net, args, data, evaluate_fn=evaluate if valid is not None else None, on_best=on_best,
@@ -287,7 +289,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
         best.update(kept if kept.get("step") == trainer.best["step"] else
                     {k[len("eval_"):] if k.startswith("eval_") else k: v for k, v in trainer.best.items()})
     if valid is None:
-        net.save(output)
+        save_model(net, output)
     summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang, "steps": trainer.step,
                "epochs": round(trainer.step / steps_per_epoch, 2), "train_pairs": len(pairs),
                "minutes": round((time.time() - start) / 60, 1),

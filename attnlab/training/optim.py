@@ -45,9 +45,29 @@ def lr_factor(step: int, *, warmup_steps: int, max_steps: int, schedule: str = "
     return min_lr_ratio + (1.0 - min_lr_ratio) * shape
 
 
+def fused_supported(params: list[torch.Tensor]) -> bool:
+    """AdamW(fused=True) needs floating-point parameters on one device type its build has a kernel for
+    (CUDA, and the CPU since PyTorch 2.4); DTensor shards (FSDP) take the foreach path."""
+    devices = {p.device.type for p in params}
+    if len(devices) != 1 or not all(p.is_floating_point() for p in params):
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without torch.distributed
+        DTensor = ()
+    if any(isinstance(p, DTensor) for p in params):
+        return False
+    return devices <= {"cpu", "cuda"}
+
+
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-8,
-                    warmup_steps: int, max_steps: int, schedule: str = "linear", min_lr_ratio: float = 0.0):
-    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
+                    warmup_steps: int, max_steps: int, schedule: str = "linear", min_lr_ratio: float = 0.0,
+                    fused: bool = False):
+    """AdamW over `param_groups` and a LambdaLR of `lr_factor`. fused=True uses the fused kernel where
+    `fused_supported` (the same update within float rounding, ~1e-7; one kernel instead of one per tensor)."""
+    groups = param_groups(model, weight_decay)
+    fused = fused and fused_supported([p for g in groups for p in g["params"]])
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if fused else {}))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(
         step, warmup_steps=warmup_steps, max_steps=max_steps, schedule=schedule, min_lr_ratio=min_lr_ratio))
     return optimizer, scheduler

@@ -84,6 +84,8 @@ class TrainArgs:
     greater_is_better: bool = True
     patience: int = 0                  # > 0: stop after this many evaluations without a new best
     parallel: str = "ddp"              # ddp | fsdp: how several processes (torchrun) share the model
+    compile: bool = False              # torch.compile the loss (forward; AOTAutograd compiles its backward)
+    fused_adamw: bool = True           # AdamW(fused=True): one kernel per step where the build has it
 
     # what a resumed run must share with the run that wrote its checkpoint, else "resume" would quietly go on
     # with another run (grad_accum, max_minutes, parallel... may differ: FSDP resumes with another world size)
@@ -149,6 +151,10 @@ class Trainer:
             raise ValueError("train.device=cuda but no CUDA device is available")
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         self.output = Path(args.output_dir)
+        if args.precision == "bf16" and self.device.type == "cpu" and self.rank == 0:
+            from ..nn.precision import bf16_warning
+            if bf16_warning():
+                print(f"train.precision=bf16: {bf16_warning()}", file=sys.stderr)
         torch.manual_seed(args.seed)
         self.model = model.to(self.device)
         self.ddp = None
@@ -163,7 +169,8 @@ class Trainer:
         self.optimizer, self.scheduler = build_optimizer(
             self.model, lr=args.lr, weight_decay=args.weight_decay, betas=(args.beta1, args.beta2), eps=args.eps,
             warmup_steps=args.warmup_steps, max_steps=args.max_steps, schedule=args.schedule,
-            min_lr_ratio=args.min_lr_ratio)
+            min_lr_ratio=args.min_lr_ratio, fused=args.fused_adamw)
+        self._compiled = None          # train.compile: the compiled loss, built at the first step
         self.step = 0
         self.batches_seen = 0
         self.skips = 0                 # steps skipped for a non-finite loss (nan_policy=skip)
@@ -204,6 +211,19 @@ class Trainer:
         if isinstance(result, tuple):
             return result
         return result, {"loss_sum": result.detach(), "n": torch.tensor(1.0)}
+
+    def _step_loss(self, model, batch) -> tuple[torch.Tensor, dict]:
+        """The training loss of one micro-batch; with train.compile, through the compiled loss. Token ids are
+        range-checked here, outside the compiled region (the model skips its own check when compiled)."""
+        if not self.args.compile:
+            return self._call_loss(model, batch)
+        if self._compiled is None:
+            self._compiled = torch.compile(self._call_loss)
+        ids = batch.get("input_ids")
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        if torch.is_tensor(ids) and vocab and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise ValueError(f"token id outside the vocabulary (vocab_size={vocab}) in a training batch")
+        return self._compiled(model, batch)
 
     def _mean_over_ranks(self, value: float) -> float:
         if self.world == 1:
@@ -384,13 +404,13 @@ class Trainer:
                     else contextlib.nullcontext()
                 with sync:
                     with self._autocast():
-                        loss, parts = self._call_loss(forward, batch)
+                        loss, parts = self._step_loss(forward, batch)
                     (loss / args.grad_accum).backward()
                 for k, v in parts.items():  # a mixture of experts' routed tokens per expert (objectives.clm)
                     if k.startswith("expert_"):
                         routed[k] = routed.get(k, 0.0) + float(v)
-                loss_sum += float(loss.detach())
-            loss_value = self._mean_over_ranks(loss_sum / args.grad_accum)  # the same on every rank
+                loss_sum = loss_sum + loss.detach()  # a tensor: no host sync per micro-batch
+            loss_value = self._mean_over_ranks(float(loss_sum) / args.grad_accum)  # the same on every rank
             norm = None
             if args.clip_norm > 0:  # sharded gradients give a DTensor norm: local_norm makes it a plain number
                 norm = parallel.local_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.clip_norm))

@@ -59,3 +59,26 @@ def save_heatmaps(data: AttentionData, path: str | Path, *, layer: int = 0, head
     fig.savefig(detail, dpi=110)
     plt.close(fig)
     return [path, detail]
+
+
+def save_alignment(weights, source_tokens: list[str], target_tokens: list[str], path: str | Path,
+                   title: str = "") -> Path:
+    """One (target x source) attention matrix with its tokens on the axes: the alignment plot of an
+    RNN encoder-decoder with attention (Bahdanau et al. 2015, Fig. 3)."""
+    plt = _pyplot()
+    path = Path(path)
+    w = weights.detach().float().cpu().numpy()
+    if w.shape != (len(target_tokens), len(source_tokens)):
+        raise ValueError(f"alignment has shape {w.shape}; expected ({len(target_tokens)}, {len(source_tokens)})")
+    fig, ax = plt.subplots(figsize=(0.45 * len(source_tokens) + 2, 0.4 * len(target_tokens) + 1.5))
+    ax.imshow(w, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xticks(range(len(source_tokens)), source_tokens, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(target_tokens)), target_tokens, fontsize=8)
+    ax.set_xlabel("source")
+    ax.set_ylabel("target (each row: where the decoder looked)")
+    ax.set_title(title or "alignment", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

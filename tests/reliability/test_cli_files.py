@@ -61,6 +61,7 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
                             "--valid", v["valid"], "--output", o],
         "sft": lambda v: ["sft", v["model"], "--data", v["data"], "--valid", v["valid"], "--output", o],
         "dpo": lambda v: ["dpo", v["model"], "--data", v["data"], "--output", o],
+        "experiment": lambda v: ["experiment", "sqrt-dk", "--tiny", "--data", v["data"], "--output", o],
         "evaluate-prompting": lambda v: ["evaluate-prompting", "--model", v["model"], "--data", v["data"], "--pool", v["pool"]],
     }[command]
     values = {k: {"file": f, "files": f, "dir": d, "model": m, "models": m, "model_or_preset": m, "tokenizer": d, "run_dir": d}[kind]

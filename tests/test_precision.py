@@ -1,0 +1,51 @@
+"""bf16 only where the CPU has it: on an AVX2-only CPU (flags faked here) asking for bf16 prints one
+warning line; on a CPU with AVX512-BF16 or AMX-BF16 it does not; no command defaults to bf16."""
+from __future__ import annotations
+
+import pytest
+
+from attnlab.cli import build_parser, main
+from attnlab.nn import precision
+
+AVX2_ONLY = {"fpu", "sse2", "avx", "avx2", "fma", "avx512f"}
+
+
+@pytest.mark.parametrize("flags, native", [(AVX2_ONLY, False), (AVX2_ONLY | {"avx512_bf16"}, True),
+                                           (AVX2_ONLY | {"amx_bf16"}, True)])
+def test_native_bf16_follows_the_cpu_flags(monkeypatch, flags, native):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    assert precision.bf16_is_native() is native
+    assert (precision.bf16_warning() is None) is native
+    assert precision.bf16_is_native("cuda")
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    import torch
+
+    from attnlab.config import ModelConfig
+    from attnlab.interop.hf import save_pretrained
+    from attnlab.models.encoder import Encoder
+    torch.manual_seed(0)
+    return save_pretrained(Encoder(ModelConfig(vocab_size=30, hidden_size=8, num_layers=1, num_heads=2,
+                                               intermediate_size=16, max_position_embeddings=16)), tmp_path / "m")
+
+
+@pytest.mark.parametrize("flags, warned", [(AVX2_ONLY, True), (AVX2_ONLY | {"avx512_bf16"}, False)])
+def test_cli_says_once_that_bf16_is_emulated(monkeypatch, capsys, tmp_path, tiny_model, flags, warned):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    text = tmp_path / "t.txt"
+    text.write_text("hello\n")
+    main(["embed", str(tiny_model), "--input", str(text), "--output", str(tmp_path / "v.npy"), "--dtype", "bf16"])
+    err = capsys.readouterr().err
+    assert err.count("bf16 is emulated") == (1 if warned else 0)
+    main(["embed", str(tiny_model), "--input", str(text), "--output", str(tmp_path / "v.npy")])  # fp32: silent
+    assert "emulated" not in capsys.readouterr().err
+
+
+def test_no_command_defaults_to_bf16():
+    parser = build_parser()
+    for action in parser._subparsers._group_actions[0].choices.values():
+        for a in action._actions:
+            if a.dest in ("dtype", "precision"):
+                assert a.default != "bf16", f"{action.prog} {a.option_strings} defaults to bf16"
