@@ -29,7 +29,7 @@ NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
                "leaky_relu")  # max(x, 0.01 x) (Maas et al. 2013): a small gradient for negative inputs
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "tiled")  # tiled: FlashAttention's algorithm (nn/flash.py)
 CLASSIFIER_POOLINGS = ("cls", "mean")  # what a sequence classifier reads: BERT's pooled [CLS], or a masked mean
 
 
@@ -117,7 +117,7 @@ class ModelConfig:
     eos_token_id: int | None = None
 
     # --- how to run it (not architecture)
-    attn_implementation: str = "sdpa"   # sdpa: fused kernel; eager: explicit softmax(QK^T/sqrt(d))V
+    attn_implementation: str = "sdpa"   # sdpa: fused kernel; eager: explicit softmax(QK^T/sqrt(d))V; tiled: O(T) memory
 
     extra: dict[str, Any] = field(default_factory=dict)  # family-specific values kept for round trips
 

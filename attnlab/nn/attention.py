@@ -9,7 +9,6 @@ them equal for every mask kind.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from .flash import tiled_attention
 from .positions import apply_rotary
 from .varlen import Varlen
 
@@ -24,12 +24,30 @@ from .varlen import Varlen
 _HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
-@dataclass
 class AttentionMask:
     """Which keys each query may see. `allowed` is bool, broadcastable to (B, heads, Tq, Tk), True = may
-    attend; None with `is_causal` means a plain causal mask the fused kernel builds itself (faster)."""
-    allowed: torch.Tensor | None = None
-    is_causal: bool = False
+    attend; None with `is_causal` means a plain causal mask the fused kernel builds itself (faster).
+
+    A mask from `build` also keeps its recipe (causal, window, offset, padding, documents) and makes the
+    dense (B, 1, Tq, Tk) tensor only when `allowed` is first read: the tiled path asks for one
+    (query block, key block) tile at a time with `block()` and never holds the T x T matrix."""
+
+    def __init__(self, allowed: torch.Tensor | None = None, is_causal: bool = False) -> None:
+        self._allowed, self.is_causal, self._recipe = allowed, is_causal, None
+
+    @property
+    def allowed(self) -> torch.Tensor | None:
+        if self._allowed is None and self._recipe is not None:
+            tq, tk = self._recipe["shape"]
+            allowed = self._from_recipe(0, tq, 0, tk)
+            # A query that may see nothing (a left-pad position under a causal mask) would give NaN;
+            # let it see everything instead: its output is padding and is never used.
+            self._allowed = allowed | ~allowed.any(-1, keepdim=True)
+        return self._allowed
+
+    def __repr__(self) -> str:
+        return f"AttentionMask(is_causal={self.is_causal}, recipe={self._recipe is not None}, " \
+               f"materialized={self._allowed is not None})"
 
     @classmethod
     def build(cls, padding: torch.Tensor | None, query_len: int, key_len: int, *, causal: bool = False,
@@ -51,34 +69,71 @@ class AttentionMask:
             if query_len == 1 and query_offset + 1 == key_len:
                 return cls(None, False)  # a decoding step: the newest token sees every key
         device = padding.device if padding is not None else documents.device if documents is not None else device
-        q = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
-        k = torch.arange(key_len, device=device)[None, :]
-        allowed = torch.ones(query_len, key_len, dtype=torch.bool, device=device)
-        if causal:
+        mask = cls(None, False)
+        mask._recipe = dict(shape=(query_len, key_len), causal=causal, window=window, offset=query_offset,
+                            padding=padding.bool() if has_padding else None, documents=documents, device=device)
+        return mask
+
+    def _from_recipe(self, qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+        """The allowed tile of queries qs:qe and keys ks:ke, (B or 1, 1, qe - qs, ke - ks), before the
+        empty-row rule."""
+        r = self._recipe
+        q = torch.arange(r["offset"] + qs, r["offset"] + qe, device=r["device"])[:, None]
+        k = torch.arange(ks, ke, device=r["device"])[None, :]
+        allowed = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=r["device"])
+        if r["causal"]:
             allowed &= k <= q
-        if window is not None:
+        if r["window"] is not None:
             # a local layer sees keys at distance < window on each side it is allowed to look at
-            allowed &= (q - k).abs() < window
+            allowed &= (q - k).abs() < r["window"]
         allowed = allowed[None, None]
-        if documents is not None:
-            allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
-        if has_padding:
-            allowed = allowed & padding.bool()[:, None, None, :]
-        # A query that may see nothing (a left-pad position under a causal mask) would give NaN;
-        # let it see everything instead: its output is padding and is never used.
-        allowed = allowed | ~allowed.any(-1, keepdim=True)
-        return cls(allowed, False)
+        if r["documents"] is not None:
+            docs = r["documents"]
+            allowed = allowed & (docs[:, None, qs:qe, None] == docs[:, None, None, ks:ke])
+        if r["padding"] is not None:
+            allowed = allowed & r["padding"][:, None, None, ks:ke]
+        return allowed
+
+    def block(self, qs: int, qe: int, ks: int, ke: int, query_len: int, key_len: int, device=None):
+        """The tile of queries qs:qe x keys ks:ke for the tiled path: None = every key allowed, False =
+        none (a tile under the causal diagonal or outside the window: skipped, which is what makes
+        sliding-window attention linear), else a bool tensor broadcastable to (B, H, qe - qs, ke - ks).
+        Rows that see nothing at all are the caller's to handle (see nn/flash.py)."""
+        r = self._recipe
+        if r is None:
+            if self._allowed is not None:
+                a = self._allowed
+                return a[..., qs:qe, :][..., ks:ke] if a.size(-2) > 1 else a[..., ks:ke]
+            if not self.is_causal:
+                return None
+            r = dict(causal=True, window=None, offset=key_len - query_len, padding=None, documents=None,
+                     device=None)
+        first_q, last_q = r["offset"] + qs, r["offset"] + qe - 1
+        if r["causal"] and ks > last_q:
+            return False
+        if r["window"] is not None and (first_q - (ke - 1) >= r["window"]
+                                        or (not r["causal"] and ks - last_q >= r["window"])):
+            return False
+        full = (not r["causal"] or ke - 1 <= first_q) and (
+            r["window"] is None or max(last_q - ks, ke - 1 - first_q) < r["window"])
+        if full and r["padding"] is None and r["documents"] is None:
+            return None
+        if self._recipe is None:  # plain causal tile on the diagonal
+            q = torch.arange(first_q, last_q + 1, device=device)[:, None]
+            return (torch.arange(ks, ke, device=device)[None, :] <= q)[None, None]
+        return self._from_recipe(qs, qe, ks, ke)
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                  mask: AttentionMask | None = None, bias: torch.Tensor | None = None,
                                  scale: float | None = None, dropout_p: float = 0.0,
-                                 explicit: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (B, H, Tq, d), k/v (B, Hkv, Tk, d) with H a multiple of Hkv. Returns (out (B, H, Tq, d), weights or None)."""
+                                 explicit: bool = False, tiled: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (B, H, Tq, d), k/v (B, Hkv, Tk, d) with H a multiple of Hkv. Returns (out (B, H, Tq, d), weights or None).
+    explicit: materialise the weights (and return them); tiled: FlashAttention's algorithm (nn/flash.py)."""
     groups = q.size(1) // k.size(1)  # GQA/MQA: each key/value head serves a group of query heads
     scale = q.size(-1) ** -0.5 if scale is None else scale
     mask = mask or AttentionMask()
-    if groups > 1 and not explicit and bias is None:
+    if groups > 1 and not explicit and not tiled and bias is None:
         if q.size(2) == 1 and not mask.is_causal:
             # One query per head (a decoding step): the group's query heads become the kv head's queries,
             # (B, Hkv, groups, d), so that no key/value is ever copied.
@@ -92,6 +147,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             return out, None
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if tiled and not explicit:
+        return tiled_attention(q, k, v, mask, bias, scale, dropout_p), None
     if explicit:
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
         if bias is not None:
@@ -143,6 +200,7 @@ class Attention(nn.Module):
         self.scale = config.attention_scale
         self.dropout = config.attention_dropout
         self.explicit = config.attn_implementation == "eager"
+        self.tiled = config.attn_implementation == "tiled"
         self.cross = cross
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -202,7 +260,7 @@ class Attention(nn.Module):
             k, v = cache.update(layer_idx, k, v)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
-            explicit=need_weights or self.explicit)
+            explicit=need_weights or self.explicit, tiled=self.tiled)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         if varlen is not None:
             out = varlen.unpad(out)
