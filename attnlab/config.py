@@ -30,6 +30,7 @@ PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
                "leaky_relu")  # max(x, 0.01 x) (Maas et al. 2013): a small gradient for negative inputs
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "tiled")  # tiled: FlashAttention's algorithm (nn/flash.py)
+ATTENTION_KINDS = ("softmax", "linear")  # linear: elu(x)+1 kernel, O(T) (Katharopoulos et al. 2020; nn/linear_attention.py)
 CLASSIFIER_POOLINGS = ("cls", "mean")  # what a sequence classifier reads: BERT's pooled [CLS], or a masked mean
 
 
@@ -89,6 +90,7 @@ class ModelConfig:
     bias: bool = True                   # biases in linear layers (and LayerNorm)
     causal: bool = False
     sliding_window: int | None = None   # local attention: each query sees keys within this distance
+    attention_kind: str = "softmax"     # softmax | linear (kernel phi(q).phi(k), Katharopoulos et al. 2020)
     attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 and GPT-Neo use 1.0)
     qkv_bias: bool | None = None        # biases on the Q/K/V projections; None = `bias` (GPT-Neo: none, output has one)
     rotary_fraction: float = 1.0        # share of each head's dimensions RoPE rotates (GPT-NeoX/Pythia: 0.25)
@@ -158,6 +160,7 @@ class ModelConfig:
         self._check_types()
         for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
                               ("activation", ACTIVATIONS), ("attn_implementation", ATTN_IMPLEMENTATIONS),
+                              ("attention_kind", ATTENTION_KINDS),
                               ("classifier_pooling", CLASSIFIER_POOLINGS)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"is not one of {', '.join(allowed)}")
@@ -206,6 +209,9 @@ class ModelConfig:
         if self.position == "rope" and (self.rotary_dim % 2 or not self.rotary_dim):
             raise bad("rotary_fraction", f"gives {self.rotary_dim} rotated dimensions of head_dim={self.dim_head}; "
                                          "must be even (dimensions rotate in pairs)")
+        if self.attention_kind == "linear" and (self.sliding_window is not None or self.position == "relative_bias"):
+            raise bad("attention_kind", "cannot take a sliding_window or a relative position bias (its kernel "
+                                        "has no score matrix to mask or bias)")
         if self.parallel_residual and self.norm_placement != "pre":
             raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 

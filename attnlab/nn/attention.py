@@ -17,6 +17,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .flash import tiled_attention
+from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
 from .positions import apply_rotary
 from .varlen import Varlen
 
@@ -93,6 +94,19 @@ class AttentionMask:
         if r["padding"] is not None:
             allowed = allowed & r["padding"][:, None, None, ks:ke]
         return allowed
+
+    def key_padding(self) -> torch.Tensor | None:
+        """(B, Tk) bool, True = real key, or None: all a kind without a general mask (linear attention)
+        can honour; a window, packed documents or a bare mask tensor are an error that says so."""
+        r = self._recipe
+        if r is None:
+            if self._allowed is not None:
+                raise ValueError("linear attention takes padding and causal masks only, not a dense mask tensor")
+            return None
+        if r["window"] is not None or r["documents"] is not None:
+            raise ValueError("linear attention takes padding and causal masks only, not a sliding window or "
+                             "packed documents (document_ids)")
+        return r["padding"]
 
     def block(self, qs: int, qe: int, ks: int, ke: int, query_len: int, key_len: int, device=None):
         """The tile of queries qs:qe x keys ks:ke for the tiled path: None = every key allowed, False =
@@ -201,6 +215,8 @@ class Attention(nn.Module):
         self.dropout = config.attention_dropout
         self.explicit = config.attn_implementation == "eager"
         self.tiled = config.attn_implementation == "tiled"
+        self.linear = config.attention_kind == "linear"
+        self.causal = config.causal and not cross
         self.cross = cross
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -256,12 +272,31 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(layer_idx, k, v)
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
-            explicit=need_weights or self.explicit, tiled=self.tiled)
+        if self.linear:
+            out, weights = self._linear(q, k, v, mask, cache, layer_idx, need_weights)
+        else:
+            if cache is not None:
+                k, v = cache.update(layer_idx, k, v)
+            out, weights = scaled_dot_product_attention(
+                q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
+                explicit=need_weights or self.explicit, tiled=self.tiled)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         if varlen is not None:
             out = varlen.unpad(out)
         return self.o(out), weights
+
+    def _linear(self, q, k, v, mask, cache, layer_idx, need_weights):
+        """attention_kind=linear (nn/linear_attention.py): a LinearAttentionCache carries the recurrent
+        state; any other cache hands back the whole history, folded into the state again."""
+        padding = mask.key_padding() if mask is not None else None
+        groups = q.size(1) // k.size(1)
+        if cache is not None and not isinstance(cache, LinearAttentionCache):
+            k, v = cache.update(layer_idx, k, v)
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if isinstance(cache, LinearAttentionCache):
+            out = cache.attend(layer_idx, q, k, v, padding)
+        else:
+            out, _ = linear_attention(q, k, v, causal=self.causal, key_padding=padding)
+        weights = linear_attention_weights(q, k, causal=self.causal, key_padding=padding) if need_weights else None
+        return out, weights
