@@ -66,7 +66,8 @@ def test_gradients_do_not_depend_on_the_chunk_size():
 
 
 def _lm(**kw):
-    cfg = ModelConfig(model_type="gpt2", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+    kw.setdefault("num_kv_heads", 2)
+    cfg = ModelConfig(model_type="gpt2", vocab_size=61, hidden_size=32, num_layers=2, num_heads=4,
                       intermediate_size=64, max_position_embeddings=64, causal=True, norm_placement="pre",
                       type_vocab_size=0, pooler=False, dropout=0.0, attention_dropout=0.0, attention_kind="linear",
                       **kw)
@@ -131,3 +132,17 @@ def test_unsupported_combinations_are_clear_errors():
     model = _lm()
     with pytest.raises(ValueError, match="packed documents"):
         model(torch.zeros(1, 6, dtype=torch.long), document_ids=torch.tensor([[0, 0, 0, 1, 1, 1]]))
+
+
+def test_saving_keeps_the_kind_and_hf_layouts_refuse_it(tmp_path):
+    """No transformers family has linear attention: writing one as GPT-2 would load back as softmax, so
+    the HF writer refuses and attnlab.save keeps attnlab's own layout, which loads the same model."""
+    import attnlab
+    from attnlab.interop.hf import save_pretrained
+    model = _lm(embedding_norm=False, num_kv_heads=None, norm_eps=1e-5)  # GPT-2 in all but the kind
+    with pytest.raises(ConfigError, match="attention_kind='linear'"):
+        save_pretrained(model, tmp_path / "hf")
+    back = attnlab.load(attnlab.save(model, tmp_path / "native"))
+    ids = torch.randint(0, 61, (1, 9))
+    with torch.no_grad():
+        assert back.config.attention_kind == "linear" and torch.equal(back(ids).logits, model(ids).logits)

@@ -165,7 +165,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                tie_word_embeddings=cfg.tie_word_embeddings, norm_eps=cfg.norm_eps,
                share_layers=getattr(cfg, "share_layers", False), qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
                parallel_residual=cfg.parallel_residual, global_every=cfg.extra.get("global_every"),
-               classifier_pooling=cfg.classifier_pooling)  # a mean-pooling head would load as [CLS] + pooler
+               classifier_pooling=cfg.classifier_pooling,  # a mean-pooling head would load as [CLS] + pooler
+               attention_kind=cfg.attention_kind)  # no HF family has linear attention
     if cfg.position in ("learned", "sinusoidal"):
         sig["max_position_embeddings"] = cfg.max_position_embeddings
     if cfg.position == "rope":
