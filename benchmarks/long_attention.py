@@ -150,6 +150,7 @@ def main() -> None:
     p.add_argument("--max-gb", type=float, default=8.0)
     p.add_argument("--modes", default="forward,forward+backward")
     p.add_argument("--out", default="experiments/long_attention")
+    p.add_argument("--merge", action="store_true", help="replace only these methods' rows in an existing results file")
     args = p.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     methods = args.methods.split(",")
@@ -178,10 +179,19 @@ def main() -> None:
                     last = (t, peak)
                 results.append(row)
                 print(json.dumps(row), flush=True)
+    suffix = "" if (args.heads, args.dim) == (4, 64) else f"-h{args.heads}-d{args.dim}"
+    reruns = []
+    if args.merge and (out / f"results{suffix}.json").exists():
+        old = json.loads((out / f"results{suffix}.json").read_text())
+        ran = {(r["method"], r["mode"]) for r in results}
+        results = [r for r in old["results"] if (r["method"], r["mode"]) not in ran] + results
+        results.sort(key=lambda r: (r["mode"] != "forward", METHODS.index(r["method"]), r["T"]))
+        reruns = old["meta"].get("reruns", []) + [dict(methods=methods, load_start=load_start)]
+        load_start = old["meta"]["load_start"]
+        methods = [m for m in METHODS if any(r["method"] == m for r in results)]
     meta = dict(batch=args.batch, heads=args.heads, dim=args.dim, window=args.window, torch=torch.__version__,
                 threads=torch.get_num_threads(), load_start=load_start, load_end=os.getloadavg(),
-                omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
-    suffix = "" if (args.heads, args.dim) == (4, 64) else f"-h{args.heads}-d{args.dim}"
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"), reruns=reruns)
     (out / f"results{suffix}.json").write_text(json.dumps(dict(meta=meta, results=results), indent=1) + "\n")
     (out / f"RESULTS-table{suffix}.md").write_text(markdown(results, lengths))
     title = (f"one causal attention call, B={args.batch} H={args.heads} d={args.dim} fp32, window {args.window}; "

@@ -53,9 +53,8 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         s, z = s + fk[:, :, :prefix].transpose(-2, -1) @ v[:, :, :prefix], z + fk[:, :, :prefix].sum(-2)
         fk, v = fk[:, :, prefix:], v[:, :, prefix:]
     outs = []
-    for start in range(0, tq, chunk):
-        end = min(start + chunk, tq)
-        qc, kc, vc = fq[:, :, start:end], fk[:, :, start:end], v[:, :, start:end]
+    # split, not slices: a slice's backward writes a zero tensor of the whole sequence per chunk (O(T^2 / C))
+    for qc, kc, vc in zip(fq.split(chunk, 2), fk.split(chunk, 2), v.split(chunk, 2)):
         inner = (qc @ kc.transpose(-2, -1)).tril()  # phi(q_i).phi(k_j) for j <= i inside the chunk
         num = qc @ s + inner @ vc
         den = (qc @ z[..., None]).squeeze(-1) + inner.sum(-1)
