@@ -12,7 +12,9 @@ Methods (one (B, H, T, d) attention call each, causal, fp32):
 For each length: forward (no grad) and forward+backward (gradients of q, k, v): seconds and peak RSS
 above the inputs (VmHWM reset through /proc/self/clear_refs; glibc's mmap threshold pinned so freed
 blocks go back to the system). A method is skipped at a length where its previous peak, extrapolated
-quadratically, would pass --max-gb. Writes results.json, RESULTS-table.md and a log-log PNG.
+quadratically, would pass --max-gb. Writes results.json, RESULTS-table.md and a log-log PNG. Run
+it twice: once as above (memory, with the mmap threshold pinned), then with --timing-only (seconds with
+the allocator's defaults, merged into results.json).
 """
 from __future__ import annotations
 
@@ -24,7 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:  # before torch allocates anything: re-exec once
+# Memory is measured with glibc's mmap threshold pinned low (freed blocks go back to the system, so RSS
+# shows each call's own peak); that makes every tile an mmap + page faults (3x slower tiled/linear
+# attention), so seconds come from a second run with --timing-only and the allocator's defaults.
+if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and "--timing-only" not in sys.argv:  # re-exec once
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
@@ -128,7 +133,7 @@ def markdown(results: list[dict], lengths: list[int]) -> str:
         lines += [f"**{mode}**: seconds / peak MB above the inputs (`-` = skipped: would pass the memory cap)", "",
                   "| method | " + " | ".join(f"T={t}" for t in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
-        for method in METHODS:
+        for method in [m for m in METHODS if any(r["method"] == m for r in results)]:
             cells = []
             for t in lengths:
                 r = next((r for r in results if r["method"] == method and r["mode"] == mode and r["T"] == t), None)
@@ -136,6 +141,28 @@ def markdown(results: list[dict], lengths: list[int]) -> str:
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def timing_only(args, methods, lengths, out: Path) -> None:
+    suffix = "" if (args.heads, args.dim) == (4, 64) else f"-h{args.heads}-d{args.dim}"
+    path = out / f"results{suffix}.json"
+    data = json.loads(path.read_text())
+    load_start = os.getloadavg()
+    for r in data["results"]:
+        if r["method"] in methods and r["T"] in lengths and r["mode"] in args.modes.split(",") and r["seconds"] is not None:
+            r["seconds"], _ = run_one(r["method"], r["T"], r["mode"] != "forward", args)
+            r["load_timing"] = os.getloadavg()[0]
+            print(json.dumps(r), flush=True)
+    data["meta"]["timing"] = dict(load_start=load_start, load_end=os.getloadavg(), methods=methods,
+                                  malloc="glibc defaults")
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    all_lengths = sorted({r["T"] for r in data["results"]})
+    (out / f"RESULTS-table{suffix}.md").write_text(markdown(data["results"], all_lengths))
+    meta = data["meta"]
+    plot(data["results"], out / f"long_attention{suffix}.png",
+         f"one causal attention call, B={args.batch} H={args.heads} d={args.dim} fp32, window {args.window}; "
+         f"1 thread, load {meta['load_start'][0]:.1f}-{os.getloadavg()[0]:.1f} on 2 cores")
+    print(markdown(data["results"], all_lengths))
 
 
 def main() -> None:
@@ -150,6 +177,8 @@ def main() -> None:
     p.add_argument("--max-gb", type=float, default=8.0)
     p.add_argument("--modes", default="forward,forward+backward")
     p.add_argument("--out", default="experiments/long_attention")
+    p.add_argument("--timing-only", action="store_true",
+                   help="seconds only, default allocator; replaces the seconds of an existing results file")
     p.add_argument("--merge", action="store_true", help="replace only these methods' rows in an existing results file")
     args = p.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -164,6 +193,8 @@ def main() -> None:
           f"d={args.dim} window={args.window}, load {load_start}", flush=True)
     for method in methods:  # warm-up: first calls pay for lazy initialisation (autograd, kernels)
         run_one(method, 256, True, argparse.Namespace(**{**vars(args), "repeats": 1}))
+    if args.timing_only:
+        return timing_only(args, methods, lengths, out)
     results = []
     for mode in args.modes.split(","):
         for method in methods:

@@ -171,7 +171,7 @@ def test_model_with_tiled_backend_equals_sdpa_end_to_end(kind):
         if kind == "gpt":
             out = model(ids, labels=ids).logits
         else:
-            out = model(ids, attention_mask=mask if kind == "bert-padding" else None, unpad=False).last_hidden_state
+            out = model(ids, attention_mask=mask if kind == "bert-padding" else None).last_hidden_state  # unpadded (varlen) path
         (out * torch.linspace(-1, 1, out.size(-1))).mean().backward()  # mean: O(1) gradients, fp32 sums stay exact enough
         results.append((out.detach(), _grads(model)))
     (a, ga), (b, gb) = results
