@@ -104,6 +104,18 @@ def test_generate_with_left_padding_matches_a_greedy_loop_without_cache():
             nxt = model(seq, attention_mask=m).logits[:, -1].argmax(-1, keepdim=True)
             seq, m = torch.cat([seq, nxt], 1), torch.cat([m, torch.ones_like(nxt)], 1)
     assert torch.equal(got, seq)
+    with pytest.raises(ValueError, match="attention_kind=linear"):
+        generate(model, ids, mask, max_new_tokens=2, compile=True)
+
+
+def test_generate_decodes_through_the_recurrent_state(monkeypatch):
+    """generate() keeps (S, z) per layer, not the keys and values: the cache it builds is the recurrent one."""
+    import attnlab.inference.generate as gen
+    made = []
+    monkeypatch.setattr(gen, "LinearAttentionCache", lambda n: made.append(LinearAttentionCache(n)) or made[-1])
+    model = _lm()
+    generate(model, torch.tensor([[5, 6, 7]]), max_new_tokens=4, eos_token_id=[])
+    assert len(made) == 1 and made[0].get_seq_length() == 6 and made[0].states[1][0].shape == (1, 4, 8, 8)
 
 
 def test_encoder_with_padding_and_attention_weights():
