@@ -91,6 +91,7 @@ class ModelConfig:
     causal: bool = False
     sliding_window: int | None = None   # local attention: each query sees keys within this distance
     attention_kind: str = "softmax"     # softmax | linear (kernel phi(q).phi(k), Katharopoulos et al. 2020)
+    global_attention: bool = False      # Longformer: tokens in global_attention_mask attend everywhere with own Q/K/V
     attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 and GPT-Neo use 1.0)
     qkv_bias: bool | None = None        # biases on the Q/K/V projections; None = `bias` (GPT-Neo: none, output has one)
     rotary_fraction: float = 1.0        # share of each head's dimensions RoPE rotates (GPT-NeoX/Pythia: 0.25)
@@ -212,6 +213,8 @@ class ModelConfig:
         if self.attention_kind == "linear" and (self.sliding_window is not None or self.position == "relative_bias"):
             raise bad("attention_kind", "cannot take a sliding_window or a relative position bias (its kernel "
                                         "has no score matrix to mask or bias)")
+        if self.global_attention and self.kv_heads != self.num_heads:
+            raise bad("global_attention", "needs num_kv_heads = num_heads (Longformer's global projections are per head)")
         if self.parallel_residual and self.norm_placement != "pre":
             raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 

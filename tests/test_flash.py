@@ -29,6 +29,9 @@ def pad(t=T, left=False):
     return m
 
 
+GLOBAL = torch.zeros(3, T, dtype=torch.bool)
+GLOBAL[:, 0] = True
+GLOBAL[0, 30] = True
 DOCS = torch.tensor([[0] * 10 + [1] * 20 + [2] * 7, [0] * T, [0] * 30 + [1] * 7])
 CASES = {  # name -> (AttentionMask.build keywords, Tq, query_offset)
     "none": dict(),
@@ -40,6 +43,7 @@ CASES = {  # name -> (AttentionMask.build keywords, Tq, query_offset)
     "causal+window+padding": dict(causal=True, window=6, padding=pad()),
     "packed-documents": dict(causal=True, documents=DOCS),
     "bidirectional-documents+padding": dict(documents=DOCS, padding=pad()),
+    "window+global-tokens+padding": dict(window=4, global_tokens=GLOBAL, padding=pad()),  # Longformer
 }
 
 
@@ -136,6 +140,12 @@ def test_mask_recipe_stays_lazy_and_skips_tiles():
     assert mask.block(2048, 2176, 0, 128, 4096, 4096) is False  # far outside the window
     assert mask.block(1024, 1025, 1000, 1001, 4096, 4096) is None  # inside both: no tensor at all
     assert mask._allowed is None  # the dense 4096 x 4096 mask was never built
+    glob = torch.zeros(1, 4096, dtype=torch.bool)
+    glob[0, 3000] = True
+    longformer = AttentionMask.build(None, 4096, 4096, window=64, global_tokens=glob, device="cpu")
+    assert longformer.block(0, 128, 1024, 1152, 4096, 4096) is False
+    assert longformer.block(0, 128, 2944, 3072, 4096, 4096)[0, 0, :, 3000 - 2944].all()  # a global key
+    assert longformer.block(2944, 3072, 0, 128, 4096, 4096)[0, 0, 3000 - 2944].all()  # a global query
     assert mask.allowed.shape == (1, 1, 4096, 4096)
 
 

@@ -166,7 +166,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                share_layers=getattr(cfg, "share_layers", False), qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
                parallel_residual=cfg.parallel_residual, global_every=cfg.extra.get("global_every"),
                classifier_pooling=cfg.classifier_pooling,  # a mean-pooling head would load as [CLS] + pooler
-               attention_kind=cfg.attention_kind)  # no HF family has linear attention
+               attention_kind=cfg.attention_kind,  # no HF family has linear attention
+               global_attention=cfg.global_attention)
     if cfg.position in ("learned", "sinusoidal"):
         sig["max_position_embeddings"] = cfg.max_position_embeddings
     if cfg.position == "rope":

@@ -53,16 +53,23 @@ class AttentionMask:
     @classmethod
     def build(cls, padding: torch.Tensor | None, query_len: int, key_len: int, *, causal: bool = False,
               window: int | None = None, query_offset: int = 0, device=None,
-              documents: torch.Tensor | None = None) -> "AttentionMask":
+              documents: torch.Tensor | None = None, global_tokens: torch.Tensor | None = None) -> "AttentionMask":
         """padding: (B, Tk) with 1 for real tokens, 0 for padding (the HF `attention_mask`).
         query_offset: absolute position of the first query (> 0 when decoding with a KV cache).
         documents: (B, T) document ids of a packed batch (several examples in one row, nothing cached):
-        a token sees only tokens of its own document (a block-diagonal mask: no cross-contamination)."""
+        a token sees only tokens of its own document (a block-diagonal mask: no cross-contamination).
+        global_tokens: (B, T) Longformer's global attention (Beltagy et al. 2020, §3.1): a global token
+        sees every token and every token sees it, whatever the window."""
+        if global_tokens is not None and not bool(global_tokens.any()):
+            global_tokens = None
+        if global_tokens is not None and (global_tokens.shape[-1] != key_len or query_len != key_len):
+            raise ValueError(f"global_attention_mask has shape {tuple(global_tokens.shape)}; expected (batch, "
+                             f"{key_len}) and no KV cache")
         has_padding = padding is not None and not bool(padding.all())
         if documents is not None and (documents.shape[-1] != key_len or query_len != key_len):
             raise ValueError(f"document_ids has shape {tuple(documents.shape)}; expected (batch, {key_len}) "
                              "and no KV cache (packing is for training)")
-        if not has_padding and window is None and documents is None:
+        if not has_padding and window is None and documents is None and global_tokens is None:
             if not causal:
                 return cls(None, False)
             if query_offset == 0 and query_len == key_len:
@@ -72,8 +79,13 @@ class AttentionMask:
         device = padding.device if padding is not None else documents.device if documents is not None else device
         mask = cls(None, False)
         mask._recipe = dict(shape=(query_len, key_len), causal=causal, window=window, offset=query_offset,
-                            padding=padding.bool() if has_padding else None, documents=documents, device=device)
+                            padding=padding.bool() if has_padding else None, documents=documents, device=device,
+                            global_tokens=global_tokens.bool() if global_tokens is not None else None)
         return mask
+
+    @property
+    def global_tokens(self) -> torch.Tensor | None:
+        return self._recipe["global_tokens"] if self._recipe is not None else None
 
     def _from_recipe(self, qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
         """The allowed tile of queries qs:qe and keys ks:ke, (B or 1, 1, qe - qs, ke - ks), before the
@@ -88,6 +100,9 @@ class AttentionMask:
             # a local layer sees keys at distance < window on each side it is allowed to look at
             allowed &= (q - k).abs() < r["window"]
         allowed = allowed[None, None]
+        if r["global_tokens"] is not None:
+            g = r["global_tokens"]
+            allowed = allowed | g[:, None, None, ks:ke] | g[:, None, qs:qe, None]
         if r["documents"] is not None:
             docs = r["documents"]
             allowed = allowed & (docs[:, None, qs:qe, None] == docs[:, None, None, ks:ke])
@@ -103,9 +118,9 @@ class AttentionMask:
             if self._allowed is not None:
                 raise ValueError("linear attention takes padding and causal masks only, not a dense mask tensor")
             return None
-        if r["window"] is not None or r["documents"] is not None:
-            raise ValueError("linear attention takes padding and causal masks only, not a sliding window or "
-                             "packed documents (document_ids)")
+        if r["window"] is not None or r["documents"] is not None or r["global_tokens"] is not None:
+            raise ValueError("linear attention takes padding and causal masks only, not a sliding window, "
+                             "packed documents (document_ids) or global tokens")
         return r["padding"]
 
     def block(self, qs: int, qe: int, ks: int, ke: int, query_len: int, key_len: int, device=None):
@@ -121,7 +136,10 @@ class AttentionMask:
             if not self.is_causal:
                 return None
             r = dict(causal=True, window=None, offset=key_len - query_len, padding=None, documents=None,
-                     device=None)
+                     device=None, global_tokens=None)
+        g = r["global_tokens"]
+        if g is not None and bool(g[:, ks:ke].any() | g[:, qs:qe].any()):
+            return self._from_recipe(qs, qe, ks, ke)  # a global row or column: never skipped
         first_q, last_q = r["offset"] + qs, r["offset"] + qe - 1
         if r["causal"] and ks > last_q:
             return False
@@ -211,6 +229,10 @@ class Attention(nn.Module):
         self.k = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
+        if config.global_attention and not cross:  # Longformer's own Q/K/V for global tokens (§3.1)
+            self.q_global, self.k_global, self.v_global = (
+                nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias) for _ in range(3))
+        self.global_attention = config.global_attention and not cross
         self.scale = config.attention_scale
         self.dropout = config.attention_dropout
         self.explicit = config.attn_implementation == "eager"
@@ -280,10 +302,33 @@ class Attention(nn.Module):
             out, weights = scaled_dot_product_attention(
                 q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
                 explicit=need_weights or self.explicit, tiled=self.tiled)
+        if self.global_attention and mask is not None and mask.global_tokens is not None:
+            if cache is not None:
+                raise ValueError("global attention (Longformer) does not decode with a KV cache")
+            out = self._global_rows(varlen.pad(x) if varlen is not None else x, out, mask)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         if varlen is not None:
             out = varlen.unpad(out)
         return self.o(out), weights
+
+    def _global_rows(self, x: torch.Tensor, out: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        """Longformer (Beltagy et al. 2020, §3.1): a global token's output is attention over every (real)
+        token through the separate q/k/v_global projections. Only the n global rows are computed, so the
+        cost is O(n T), not O(T^2). x (B, T, d) padded layout; out (B, H, T, d_h) from the local pass."""
+        g = mask.global_tokens
+        b, t, _ = x.shape
+        n = int(g.sum(1).max())
+        idx = torch.argsort((~g).to(torch.int8), dim=1, stable=True)[:, :n]  # each row's global positions first
+        valid = torch.gather(g, 1, idx)
+        rows = torch.gather(x, 1, idx[..., None].expand(b, n, x.size(-1)))
+        q = self.q_global(rows).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = (p(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2) for p in (self.k_global, self.v_global))
+        padding = mask._recipe["padding"]
+        glob, _ = scaled_dot_product_attention(q, k, v, AttentionMask.build(padding, n, t, device=x.device), None,
+                                               self.scale, self.dropout if self.training else 0.0,
+                                               explicit=self.explicit, tiled=self.tiled)
+        at = idx[:, None, :, None].expand(b, self.num_heads, n, self.head_dim)
+        return out.scatter(2, at, torch.where(valid[:, None, :, None], glob, out.gather(2, at)))
 
     def _linear(self, q, k, v, mask, cache, layer_idx, need_weights):
         """attention_kind=linear (nn/linear_attention.py): a LinearAttentionCache carries the recurrent
