@@ -8,6 +8,7 @@ Methods (one (B, H, T, d) attention call each, causal, fp32):
   tiled           FlashAttention's algorithm in PyTorch (attn_implementation=tiled, nn/flash.py)
   sdpa-window     SDPA with a dense causal sliding-window mask (window W): O(T^2) mask and work
   tiled-window    the tiled path on the same mask: tiles outside the band are skipped, O(T W)
+  longformer      bidirectional window W + 16 global tokens (tiled), plus the global rows over all keys
   linear          linear attention (attention_kind=linear, nn/linear_attention.py), chunked causal form
 For each length: forward (no grad) and forward+backward (gradients of q, k, v): seconds and peak RSS
 above the inputs (VmHWM reset through /proc/self/clear_refs; glibc's mmap threshold pinned so freed
@@ -41,7 +42,8 @@ from attnlab.nn.attention import AttentionMask, scaled_dot_product_attention  # 
 from attnlab.nn.linear_attention import linear_attention  # noqa: E402
 
 _LIBC = ctypes.CDLL("libc.so.6")
-METHODS = ("sdpa", "explicit", "tiled", "sdpa-window", "tiled-window", "linear")
+METHODS = ("sdpa", "explicit", "tiled", "sdpa-window", "tiled-window", "longformer", "linear")
+GLOBALS = 16  # Longformer global tokens (e.g. a question's tokens) for the `longformer` method
 
 
 def _status(field: str) -> int:
@@ -77,6 +79,19 @@ def attention_fn(method: str, q, k, v, window: int):
     if method == "tiled-window":
         return lambda: scaled_dot_product_attention(
             q, k, v, AttentionMask.build(None, t, t, causal=True, window=window, device=q.device), tiled=True)[0]
+    if method == "longformer":
+        # Longformer's pattern (Beltagy et al. 2020): the window plus GLOBALS tokens every token sees and that see
+        # every token (tiled: their rows/columns are never skipped), then the global rows' own attention over
+        # all T keys (O(GLOBALS T); the model uses separate projections for it, same cost)
+        glob = torch.zeros(q.size(0), t, dtype=torch.bool)
+        glob[:, torch.linspace(0, t - 1, GLOBALS).long()] = True
+
+        def run():
+            mask = AttentionMask.build(None, t, t, window=window, global_tokens=glob, device=q.device)
+            local = scaled_dot_product_attention(q, k, v, mask, tiled=True)[0]
+            rows = scaled_dot_product_attention(q[:, :, glob[0]], k, v)[0]
+            return local.index_copy(2, glob[0].nonzero()[:, 0], rows)
+        return run
     if method == "linear":
         return lambda: linear_attention(q, k, v, causal=True)[0]
     raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
@@ -201,8 +216,7 @@ def main() -> None:
             last = None  # (T, peak bytes) of the previous length
             for t in lengths:
                 row = dict(method=method, mode=mode, T=t, seconds=None, peak_mb=None)
-                if last is not None and last[1] * (t / last[0]) ** 2 > args.max_gb * 2**30 and "linear" not in method \
-                        and method != "tiled-window":
+                if last is not None and last[1] * (t / last[0]) ** 2 > args.max_gb * 2**30 and method not in ("linear", "tiled-window", "longformer"):
                     row["skipped"] = f"extrapolated peak > {args.max_gb} GB"
                 else:
                     seconds, peak = run_one(method, t, mode != "forward", args)
