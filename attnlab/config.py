@@ -29,7 +29,8 @@ NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
                "leaky_relu")  # max(x, 0.01 x) (Maas et al. 2013): a small gradient for negative inputs
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "tiled")  # tiled: FlashAttention's algorithm (nn/flash.py)
+ATTENTION_KINDS = ("softmax", "linear")  # linear: elu(x)+1 kernel, O(T) (Katharopoulos et al. 2020; nn/linear_attention.py)
 CLASSIFIER_POOLINGS = ("cls", "mean")  # what a sequence classifier reads: BERT's pooled [CLS], or a masked mean
 
 
@@ -89,6 +90,8 @@ class ModelConfig:
     bias: bool = True                   # biases in linear layers (and LayerNorm)
     causal: bool = False
     sliding_window: int | None = None   # local attention: each query sees keys within this distance
+    attention_kind: str = "softmax"     # softmax | linear (kernel phi(q).phi(k), Katharopoulos et al. 2020)
+    global_attention: bool = False      # Longformer: tokens in global_attention_mask attend everywhere with own Q/K/V
     attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 and GPT-Neo use 1.0)
     qkv_bias: bool | None = None        # biases on the Q/K/V projections; None = `bias` (GPT-Neo: none, output has one)
     rotary_fraction: float = 1.0        # share of each head's dimensions RoPE rotates (GPT-NeoX/Pythia: 0.25)
@@ -123,7 +126,7 @@ class ModelConfig:
     eos_token_id: int | None = None
 
     # --- how to run it (not architecture)
-    attn_implementation: str = "sdpa"   # sdpa: fused kernel; eager: explicit softmax(QK^T/sqrt(d))V
+    attn_implementation: str = "sdpa"   # sdpa: fused kernel; eager: explicit softmax(QK^T/sqrt(d))V; tiled: O(T) memory
 
     extra: dict[str, Any] = field(default_factory=dict)  # family-specific values kept for round trips
 
@@ -164,6 +167,7 @@ class ModelConfig:
         self._check_types()
         for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
                               ("activation", ACTIVATIONS), ("attn_implementation", ATTN_IMPLEMENTATIONS),
+                              ("attention_kind", ATTENTION_KINDS),
                               ("classifier_pooling", CLASSIFIER_POOLINGS)):
             if getattr(self, name) not in allowed:
                 raise bad(name, f"is not one of {', '.join(allowed)}")
@@ -219,6 +223,11 @@ class ModelConfig:
         for name in ("router_aux_loss_coef", "router_z_loss_coef"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be a non-negative number")
+        if self.attention_kind == "linear" and (self.sliding_window is not None or self.position == "relative_bias"):
+            raise bad("attention_kind", "cannot take a sliding_window or a relative position bias (its kernel "
+                                        "has no score matrix to mask or bias)")
+        if self.global_attention and self.kv_heads != self.num_heads:
+            raise bad("global_attention", "needs num_kv_heads = num_heads (Longformer's global projections are per head)")
         if self.parallel_residual and self.norm_placement != "pre":
             raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 

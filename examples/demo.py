@@ -211,13 +211,38 @@ def denoise_bart() -> None:
 
 
 def claims_as_experiments() -> None:
-    section("11. the notes' claims as experiments (attnlab experiment --list): why scores are divided by sqrt(d_k)")
+    section("12. the notes' claims as experiments (attnlab experiment --list): why scores are divided by sqrt(d_k)")
     cli(["experiment", "sqrt-dk", "--output", str(OUT / "experiments")])
+
+
+def long_attention() -> None:
+    import torch
+    from attnlab import ModelConfig
+    from attnlab.models.decoder import CausalLM
+    from attnlab.nn.linear_attention import LinearAttentionCache
+    section("11. beyond O(n^2): FlashAttention's tiled algorithm equals SDPA; linear attention decodes with an O(1) state")
+    ids = torch.randint(0, 100, (1, 300))
+    logits = {}
+    for impl in ("sdpa", "tiled"):
+        torch.manual_seed(0)
+        cfg = ModelConfig(model_type="gpt2", vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
+                          intermediate_size=128, max_position_embeddings=512, causal=True, type_vocab_size=0,
+                          pooler=False, dropout=0.0, attention_dropout=0.0, attn_implementation=impl)
+        logits[impl] = CausalLM(cfg).eval()(ids).logits
+    print(f"  tiled vs sdpa, T=300: max |diff| {(logits['tiled'] - logits['sdpa']).abs().max():.1e}")
+    model = CausalLM(cfg.replace(attention_kind="linear", attn_implementation="sdpa")).eval()
+    with torch.no_grad():
+        cache, steps = LinearAttentionCache(2), []
+        for t in range(40):
+            steps.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+        parallel = model(ids[:, :40]).logits
+    print(f"  linear attention, recurrent (40 steps) vs parallel: max |diff| "
+          f"{(torch.cat(steps, 1) - parallel).abs().max():.1e}; state per layer {tuple(cache.states[0][0].shape)}")
 
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
             finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
-            denoise_bart, claims_as_experiments]
+            denoise_bart, long_attention, claims_as_experiments]
 
 
 def main() -> int:

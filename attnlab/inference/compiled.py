@@ -81,6 +81,8 @@ def check_compilable(model) -> None:
             problems.append(f"num_experts={cfg.num_experts} (a mixture of experts)")
         if backbone.relative_bias is not None:
             problems.append("relative position bias")
+        if cfg.attention_kind != "softmax":
+            problems.append(f"attention_kind={cfg.attention_kind}")
         if cfg.extra.get("position_offset") is not None:
             problems.append("position_offset")
     if problems:

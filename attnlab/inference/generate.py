@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from ..nn.linear_attention import LinearAttentionCache
 from .beam import beam_search
 from .kv_cache import KVCache
 # the logits processors are part of this module's public surface too
@@ -162,7 +163,10 @@ class _EagerSteps:
 
     def __init__(self, model, mask: torch.Tensor | None, max_length: int) -> None:
         self.model, self.mask = model, mask
-        self.cache = KVCache.for_model(model, max_length=max_length)  # rolls in sliding-window layers
+        # linear attention decodes with its recurrent state (O(1) per token) instead of every past key/value;
+        # sliding-window layers roll their cache
+        self.cache = LinearAttentionCache(model.config.num_layers) if model.config.attention_kind == "linear" \
+            else KVCache.for_model(model, max_length=max_length)
 
     def __call__(self, step_input: torch.Tensor) -> torch.Tensor:
         if self.mask is not None and self.cache.get_seq_length():

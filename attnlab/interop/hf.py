@@ -166,7 +166,9 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                share_layers=getattr(cfg, "share_layers", False), qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
                parallel_residual=cfg.parallel_residual, global_every=cfg.extra.get("global_every"),
                classifier_pooling=cfg.classifier_pooling,  # a mean-pooling head would load as [CLS] + pooler
-               num_experts=cfg.num_experts, experts_top_k=cfg.experts_top_k if cfg.num_experts else None)
+               num_experts=cfg.num_experts, experts_top_k=cfg.experts_top_k if cfg.num_experts else None,
+               attention_kind=cfg.attention_kind,  # no HF family has linear attention
+               global_attention=cfg.global_attention)
     if cfg.position in ("learned", "sinusoidal"):
         sig["max_position_embeddings"] = cfg.max_position_embeddings
     if cfg.position == "rope":

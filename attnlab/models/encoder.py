@@ -91,12 +91,14 @@ class Encoder(Model):
                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, output_hidden_states: bool = False,
-                unpad: bool | None = None, document_ids: torch.Tensor | None = None) -> ModelOutput:
+                unpad: bool | None = None, document_ids: torch.Tensor | None = None,
+                global_attention_mask: torch.Tensor | None = None) -> ModelOutput:
         """`document_ids` (B, T): a packed batch's document of each token; attention stays inside a document
         (pass `position_ids` that restart at each document too). `unpad`: with padding and nothing cached yet, run every linear layer on the real tokens only (see
         attnlab.nn.varlen); outputs are re-padded with zeros at padding positions. True: whenever there is
         padding; False: never; None (default): if `self.unpad` and padding is at least `unpad_min_padding`
-        of the batch."""
+        of the batch. `global_attention_mask` (B, T), 1 = global token (Longformer: it sees and is seen by
+        every token; with `global_attention` its output comes from separate projections)."""
         offset = past_key_values.get_seq_length() if past_key_values is not None else 0
         self._check_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds, offset)
         cfg = self.config
@@ -131,10 +133,10 @@ class Encoder(Model):
         repad = varlen.pad if varlen is not None else (lambda t_: t_)
 
         mask = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
-                                   device=device, documents=document_ids)
+                                   device=device, documents=document_ids, global_tokens=global_attention_mask)
         local = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,
-                                    window=cfg.sliding_window, device=device,
-                                    documents=document_ids) if cfg.sliding_window else mask
+                                    window=cfg.sliding_window, device=device, documents=document_ids,
+                                    global_tokens=global_attention_mask) if cfg.sliding_window else mask
         rope = self.rope(position_ids) if self.rope is not None else None
         local_rope = self.local_rope(position_ids) if self.local_rope is not None else rope
         bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None

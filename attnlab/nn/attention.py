@@ -9,7 +9,6 @@ them equal for every mask kind.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -17,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from .flash import tiled_attention
+from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
 from .positions import apply_rotary
 from .varlen import Varlen
 
@@ -24,26 +25,51 @@ from .varlen import Varlen
 _HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
-@dataclass
 class AttentionMask:
     """Which keys each query may see. `allowed` is bool, broadcastable to (B, heads, Tq, Tk), True = may
-    attend; None with `is_causal` means a plain causal mask the fused kernel builds itself (faster)."""
-    allowed: torch.Tensor | None = None
-    is_causal: bool = False
+    attend; None with `is_causal` means a plain causal mask the fused kernel builds itself (faster).
+
+    A mask from `build` also keeps its recipe (causal, window, offset, padding, documents) and makes the
+    dense (B, 1, Tq, Tk) tensor only when `allowed` is first read: the tiled path asks for one
+    (query block, key block) tile at a time with `block()` and never holds the T x T matrix."""
+
+    def __init__(self, allowed: torch.Tensor | None = None, is_causal: bool = False) -> None:
+        self._allowed, self.is_causal, self._recipe = allowed, is_causal, None
+
+    @property
+    def allowed(self) -> torch.Tensor | None:
+        if self._allowed is None and self._recipe is not None:
+            tq, tk = self._recipe["shape"]
+            allowed = self._from_recipe(0, tq, 0, tk)
+            # A query that may see nothing (a left-pad position under a causal mask) would give NaN;
+            # let it see everything instead: its output is padding and is never used.
+            self._allowed = allowed | ~allowed.any(-1, keepdim=True)
+        return self._allowed
+
+    def __repr__(self) -> str:
+        return f"AttentionMask(is_causal={self.is_causal}, recipe={self._recipe is not None}, " \
+               f"materialized={self._allowed is not None})"
 
     @classmethod
     def build(cls, padding: torch.Tensor | None, query_len: int, key_len: int, *, causal: bool = False,
               window: int | None = None, query_offset: int = 0, device=None,
-              documents: torch.Tensor | None = None) -> "AttentionMask":
+              documents: torch.Tensor | None = None, global_tokens: torch.Tensor | None = None) -> "AttentionMask":
         """padding: (B, Tk) with 1 for real tokens, 0 for padding (the HF `attention_mask`).
         query_offset: absolute position of the first query (> 0 when decoding with a KV cache).
         documents: (B, T) document ids of a packed batch (several examples in one row, nothing cached):
-        a token sees only tokens of its own document (a block-diagonal mask: no cross-contamination)."""
+        a token sees only tokens of its own document (a block-diagonal mask: no cross-contamination).
+        global_tokens: (B, T) Longformer's global attention (Beltagy et al. 2020, §3.1): a global token
+        sees every token and every token sees it, whatever the window."""
+        if global_tokens is not None and not bool(global_tokens.any()):
+            global_tokens = None
+        if global_tokens is not None and (global_tokens.shape[-1] != key_len or query_len != key_len):
+            raise ValueError(f"global_attention_mask has shape {tuple(global_tokens.shape)}; expected (batch, "
+                             f"{key_len}) and no KV cache")
         has_padding = padding is not None and not bool(padding.all())
         if documents is not None and (documents.shape[-1] != key_len or query_len != key_len):
             raise ValueError(f"document_ids has shape {tuple(documents.shape)}; expected (batch, {key_len}) "
                              "and no KV cache (packing is for training)")
-        if not has_padding and window is None and documents is None:
+        if not has_padding and window is None and documents is None and global_tokens is None:
             if not causal:
                 return cls(None, False)
             if query_offset == 0 and query_len == key_len:
@@ -51,34 +77,95 @@ class AttentionMask:
             if query_len == 1 and query_offset + 1 == key_len:
                 return cls(None, False)  # a decoding step: the newest token sees every key
         device = padding.device if padding is not None else documents.device if documents is not None else device
-        q = torch.arange(query_offset, query_offset + query_len, device=device)[:, None]
-        k = torch.arange(key_len, device=device)[None, :]
-        allowed = torch.ones(query_len, key_len, dtype=torch.bool, device=device)
-        if causal:
+        mask = cls(None, False)
+        mask._recipe = dict(shape=(query_len, key_len), causal=causal, window=window, offset=query_offset,
+                            padding=padding.bool() if has_padding else None, documents=documents, device=device,
+                            global_tokens=global_tokens.bool() if global_tokens is not None else None)
+        return mask
+
+    @property
+    def global_tokens(self) -> torch.Tensor | None:
+        return self._recipe["global_tokens"] if self._recipe is not None else None
+
+    def _from_recipe(self, qs: int, qe: int, ks: int, ke: int) -> torch.Tensor:
+        """The allowed tile of queries qs:qe and keys ks:ke, (B or 1, 1, qe - qs, ke - ks), before the
+        empty-row rule."""
+        r = self._recipe
+        q = torch.arange(r["offset"] + qs, r["offset"] + qe, device=r["device"])[:, None]
+        k = torch.arange(ks, ke, device=r["device"])[None, :]
+        allowed = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=r["device"])
+        if r["causal"]:
             allowed &= k <= q
-        if window is not None:
+        if r["window"] is not None:
             # a local layer sees keys at distance < window on each side it is allowed to look at
-            allowed &= (q - k).abs() < window
+            allowed &= (q - k).abs() < r["window"]
         allowed = allowed[None, None]
-        if documents is not None:
-            allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
-        if has_padding:
-            allowed = allowed & padding.bool()[:, None, None, :]
-        # A query that may see nothing (a left-pad position under a causal mask) would give NaN;
-        # let it see everything instead: its output is padding and is never used.
-        allowed = allowed | ~allowed.any(-1, keepdim=True)
-        return cls(allowed, False)
+        if r["global_tokens"] is not None:
+            g = r["global_tokens"]
+            allowed = allowed | g[:, None, None, ks:ke] | g[:, None, qs:qe, None]
+        if r["documents"] is not None:
+            docs = r["documents"]
+            allowed = allowed & (docs[:, None, qs:qe, None] == docs[:, None, None, ks:ke])
+        if r["padding"] is not None:
+            allowed = allowed & r["padding"][:, None, None, ks:ke]
+        return allowed
+
+    def key_padding(self) -> torch.Tensor | None:
+        """(B, Tk) bool, True = real key, or None: all a kind without a general mask (linear attention)
+        can honour; a window, packed documents or a bare mask tensor are an error that says so."""
+        r = self._recipe
+        if r is None:
+            if self._allowed is not None:
+                raise ValueError("linear attention takes padding and causal masks only, not a dense mask tensor")
+            return None
+        if r["window"] is not None or r["documents"] is not None or r["global_tokens"] is not None:
+            raise ValueError("linear attention takes padding and causal masks only, not a sliding window, "
+                             "packed documents (document_ids) or global tokens")
+        return r["padding"]
+
+    def block(self, qs: int, qe: int, ks: int, ke: int, query_len: int, key_len: int, device=None):
+        """The tile of queries qs:qe x keys ks:ke for the tiled path: None = every key allowed, False =
+        none (a tile under the causal diagonal or outside the window: skipped, which is what makes
+        sliding-window attention linear), else a bool tensor broadcastable to (B, H, qe - qs, ke - ks).
+        Rows that see nothing at all are the caller's to handle (see nn/flash.py)."""
+        r = self._recipe
+        if r is None:
+            if self._allowed is not None:
+                a = self._allowed
+                return a[..., qs:qe, :][..., ks:ke] if a.size(-2) > 1 else a[..., ks:ke]
+            if not self.is_causal:
+                return None
+            r = dict(causal=True, window=None, offset=key_len - query_len, padding=None, documents=None,
+                     device=None, global_tokens=None)
+        g = r["global_tokens"]
+        if g is not None and bool(g[:, ks:ke].any() | g[:, qs:qe].any()):
+            return self._from_recipe(qs, qe, ks, ke)  # a global row or column: never skipped
+        first_q, last_q = r["offset"] + qs, r["offset"] + qe - 1
+        if r["causal"] and ks > last_q:
+            return False
+        if r["window"] is not None and (first_q - (ke - 1) >= r["window"]
+                                        or (not r["causal"] and ks - last_q >= r["window"])):
+            return False
+        full = (not r["causal"] or ke - 1 <= first_q) and (
+            r["window"] is None or max(last_q - ks, ke - 1 - first_q) < r["window"])
+        if full and r["padding"] is None and r["documents"] is None:
+            return None
+        if self._recipe is None:  # plain causal tile on the diagonal
+            q = torch.arange(first_q, last_q + 1, device=device)[:, None]
+            return (torch.arange(ks, ke, device=device)[None, :] <= q)[None, None]
+        return self._from_recipe(qs, qe, ks, ke)
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                  mask: AttentionMask | None = None, bias: torch.Tensor | None = None,
                                  scale: float | None = None, dropout_p: float = 0.0,
-                                 explicit: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (B, H, Tq, d), k/v (B, Hkv, Tk, d) with H a multiple of Hkv. Returns (out (B, H, Tq, d), weights or None)."""
+                                 explicit: bool = False, tiled: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (B, H, Tq, d), k/v (B, Hkv, Tk, d) with H a multiple of Hkv. Returns (out (B, H, Tq, d), weights or None).
+    explicit: materialise the weights (and return them); tiled: FlashAttention's algorithm (nn/flash.py)."""
     groups = q.size(1) // k.size(1)  # GQA/MQA: each key/value head serves a group of query heads
     scale = q.size(-1) ** -0.5 if scale is None else scale
     mask = mask or AttentionMask()
-    if groups > 1 and not explicit and bias is None:
+    if groups > 1 and not explicit and not tiled and bias is None:
         if q.size(2) == 1 and not mask.is_causal:
             # One query per head (a decoding step): the group's query heads become the kv head's queries,
             # (B, Hkv, groups, d), so that no key/value is ever copied.
@@ -92,6 +179,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             return out, None
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if tiled and not explicit:
+        return tiled_attention(q, k, v, mask, bias, scale, dropout_p), None
     if explicit:
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
         if bias is not None:
@@ -140,9 +229,16 @@ class Attention(nn.Module):
         self.k = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
+        if config.global_attention and not cross:  # Longformer's own Q/K/V for global tokens (§3.1)
+            self.q_global, self.k_global, self.v_global = (
+                nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias) for _ in range(3))
+        self.global_attention = config.global_attention and not cross
         self.scale = config.attention_scale
         self.dropout = config.attention_dropout
         self.explicit = config.attn_implementation == "eager"
+        self.tiled = config.attn_implementation == "tiled"
+        self.linear = config.attention_kind == "linear"
+        self.causal = config.causal and not cross
         self.cross = cross
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -198,12 +294,54 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(layer_idx, k, v)
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
-            explicit=need_weights or self.explicit)
+        if self.linear:
+            out, weights = self._linear(q, k, v, mask, cache, layer_idx, need_weights)
+        else:
+            if cache is not None:
+                k, v = cache.update(layer_idx, k, v)
+            out, weights = scaled_dot_product_attention(
+                q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
+                explicit=need_weights or self.explicit, tiled=self.tiled)
+        if self.global_attention and mask is not None and mask.global_tokens is not None:
+            if cache is not None:
+                raise ValueError("global attention (Longformer) does not decode with a KV cache")
+            out = self._global_rows(varlen.pad(x) if varlen is not None else x, out, mask)
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         if varlen is not None:
             out = varlen.unpad(out)
         return self.o(out), weights
+
+    def _global_rows(self, x: torch.Tensor, out: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+        """Longformer (Beltagy et al. 2020, §3.1): a global token's output is attention over every (real)
+        token through the separate q/k/v_global projections. Only the n global rows are computed, so the
+        cost is O(n T), not O(T^2). x (B, T, d) padded layout; out (B, H, T, d_h) from the local pass."""
+        g = mask.global_tokens
+        b, t, _ = x.shape
+        n = int(g.sum(1).max())
+        idx = torch.argsort((~g).to(torch.int8), dim=1, stable=True)[:, :n]  # each row's global positions first
+        valid = torch.gather(g, 1, idx)
+        rows = torch.gather(x, 1, idx[..., None].expand(b, n, x.size(-1)))
+        q = self.q_global(rows).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = (p(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2) for p in (self.k_global, self.v_global))
+        padding = mask._recipe["padding"]
+        glob, _ = scaled_dot_product_attention(q, k, v, AttentionMask.build(padding, n, t, device=x.device), None,
+                                               self.scale, self.dropout if self.training else 0.0,
+                                               explicit=self.explicit, tiled=self.tiled)
+        at = idx[:, None, :, None].expand(b, self.num_heads, n, self.head_dim)
+        return out.scatter(2, at, torch.where(valid[:, None, :, None], glob, out.gather(2, at)))
+
+    def _linear(self, q, k, v, mask, cache, layer_idx, need_weights):
+        """attention_kind=linear (nn/linear_attention.py): a LinearAttentionCache carries the recurrent
+        state; any other cache hands back the whole history, folded into the state again."""
+        padding = mask.key_padding() if mask is not None else None
+        groups = q.size(1) // k.size(1)
+        if cache is not None and not isinstance(cache, LinearAttentionCache):
+            k, v = cache.update(layer_idx, k, v)
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if isinstance(cache, LinearAttentionCache):
+            out = cache.attend(layer_idx, q, k, v, padding)
+        else:
+            out, _ = linear_attention(q, k, v, causal=self.causal, key_padding=padding)
+        weights = linear_attention_weights(q, k, causal=self.causal, key_padding=padding) if need_weights else None
+        return out, weights
