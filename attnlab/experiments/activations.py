@@ -58,7 +58,8 @@ def run(out: Path, *, tiny: bool = False, data: Path | None = None) -> Report:
     best_glu, best_plain = min(by["swiglu"], by["geglu"]), min(by["relu"], by["gelu"])
     holds = best_glu < best_plain
     verdict = (f"Val loss: " + ", ".join(f"{k} {v:.4f}" for k, v in by.items())
-               + f". The best gated variant is {best_plain - best_glu:+.4f} better than the best ungated one"
+               + f". The best gated variant is {abs(best_plain - best_glu):.4f} "
+               + ("better" if best_glu < best_plain else "worse") + " than the best ungated one"
                + (f"; {rows[0][4]} of ReLU's units never fire on held-out text." if rows[0][4] != "n/a" else "."))
     return Report(NAME, CLAIM, ["activation", "inner size", "parameters", "val loss", "dead units", "tokens/s"],
                   rows, verdict, holds, settings={"steps": steps, "tiny": tiny}, figure=figure,
