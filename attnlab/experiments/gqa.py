@@ -50,21 +50,27 @@ def run(out: Path, *, tiny: bool = False, data: Path | None = None) -> Report:
         losses.append(r["val_loss"])
         kv_bytes.append(2 * layers * kv * (width // heads) * 4)  # keys + values per token, fp32
         dirs.append(r["model_dir"])
-    speeds = decode_speeds(dirs, 16 if tiny else 60, rounds=2 if tiny else 5)
+    # batch 16: at batch 1 a 128-wide model's cache is a few kB and decoding waits on everything but it
+    batch = 2 if tiny else 16
+    speeds = decode_speeds(dirs, 16 if tiny else 60, batch=batch, rounds=2 if tiny else 5)
     for kv, loss, per_token, speed in zip(kv_options, losses, kv_bytes, speeds):
         name = "MHA" if kv == heads else "MQA" if kv == 1 else "GQA"
         rows.append([f"{name} ({heads} q / {kv} kv)", round(loss, 4), per_token, round(speed, 1)])
     figure = line_plot(out / f"{NAME}.png", kv_options, {}, xlabel="key/value heads", ylabel="", title="",
                        panels={"val loss": {"series": {"val loss": losses}, "ylabel": "nats/char"},
                                "KV cache": {"series": {"bytes per token": kv_bytes}, "ylabel": "bytes"},
-                               "decode": {"series": {"tokens/s (batch 1)": speeds}, "ylabel": "tokens/s"}})
+                               "decode": {"series": {"tokens/s (decoding)": speeds}, "ylabel": "tokens/s"}})
     cost = losses[-1] - losses[0]
-    holds = kv_bytes[-1] < kv_bytes[0] and cost < 0.05
     change = speeds[-1] / speeds[0] - 1
-    verdict = (f"MQA keeps {kv_bytes[-1] / kv_bytes[0]:.0%} of MHA's KV cache for {cost:+.4f} val loss; batch-1 "
+    smaller, cheap, faster = kv_bytes[-1] < kv_bytes[0], cost < 0.05, change > 0.05
+    # the claim has three parts; all three must show for "holds", the cache and quality parts for "mixed"
+    holds = (True if faster else None) if smaller and cheap else False
+    verdict = (f"MQA keeps {kv_bytes[-1] / kv_bytes[0]:.0%} of MHA's KV cache for {cost:+.4f} val loss; batch-{batch} "
                f"decoding goes from {speeds[0]:.0f} to {speeds[-1]:.0f} tokens/s ({change:+.0%})."
-               + (" With a 64-token context and a 128-wide model the cache is a few kB, so reading it is not "
-                  "what decoding waits on: the saving matters for long contexts and large batches."
-                  if abs(change) < 0.1 else ""))
-    return Report(NAME, CLAIM, ["attention", "val loss", "KV-cache bytes / token", "decode tokens/s (batch 1)"],
-                  rows, verdict, holds, settings={"steps": steps, "tiny": tiny}, figure=figure)
+               + ("" if faster else " Decoding is not faster here: with a 64-token context and a 128-wide model "
+                  f"MHA's whole cache is {kv_bytes[0] * shape['max_position_embeddings'] * batch / 1e6:.1f} MB at "
+                  f"batch {batch}, so reading it is not what a decoding "
+                  "step waits on (the matmuls and per-step overhead are); the saving pays off with long "
+                  "contexts and large batches, which this recipe does not reach."))
+    return Report(NAME, CLAIM, ["attention", "val loss", "KV-cache bytes / token", "decode tokens/s"],
+                  rows, verdict, holds, settings={"steps": steps, "decode_batch": batch, "tiny": tiny}, figure=figure)
