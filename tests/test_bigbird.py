@@ -131,3 +131,39 @@ def test_bad_configs_are_clear_errors():
         ModelConfig(attention_kind="block_sparse", sparse_block_size=0)
     with pytest.raises(ValueError, match="multiple of block_size"):
         block_sparse_attention(*(x.detach() for x in _qkv(t=50)), None, 4, 1)
+
+
+@pytest.mark.parametrize("kind", ["longformer", "bigbird"])
+def test_viz_pattern_writes_the_recipes_mask(kind, minilm, tmp_path, capsys):
+    """`attnlab viz --pattern` draws the model's own mask: the window + global rows/columns of Longformer,
+    BigBird's blocks (the same matrix nn/block_sparse.py attends with)."""
+    from attnlab.cli import main
+    from attnlab.interop.native import save_model
+    from attnlab.nn.attention import AttentionMask
+    from attnlab.viz.patterns import attention_pattern
+    switches = dict(sliding_window=3, global_attention=True) if kind == "longformer" else \
+        dict(attention_kind="block_sparse", sparse_block_size=2, num_random_blocks=1)
+    cfg = ModelConfig(vocab_size=30522, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                      max_position_embeddings=64, **switches)
+    save_model(attnlab.from_config(cfg), tmp_path / kind)
+    attnlab.load_tokenizer(minilm).save(tmp_path / kind)
+    text = "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat all day"
+    out = tmp_path / f"{kind}.png"
+    glob = ["--global-tokens", "0,5"] if kind == "longformer" else []
+    assert main(["viz", str(tmp_path / kind), "--text", text, "--pattern", *glob, "--output", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote" in capsys.readouterr().out
+    t = 21  # [CLS] + 19 words + [SEP]
+    allowed, _ = attention_pattern(cfg, t, [0, 5] if kind == "longformer" else None)
+    if kind == "longformer":
+        glob = torch.zeros(1, t, dtype=torch.bool)
+        glob[0, [0, 5]] = True
+        want = AttentionMask.build(None, t, t, window=3, global_tokens=glob, device="cpu").allowed[0, 0]
+        assert allowed[5].all() and allowed[:, 5].all() and not allowed[10, 14]
+    else:  # 11 blocks of 2 (t padded to 22), random blocks drawn with seed 0 for head 0
+        random = draw_random_blocks(11, 1, 1, torch.Generator().manual_seed(0))
+        want = token_counts(22, 2, 1, random)[0, :t, :t] > 0
+        assert allowed[0].all() and allowed[:, 0].all() and allowed[:, 20].all() and not allowed[10].all()
+    assert torch.equal(allowed, want)
+    assert main(["viz", str(tmp_path / kind), "--text", text, "--pattern", "--global-tokens", "99",
+                 "--output", str(out)]) == 1  # outside the input / BigBird chooses its own global blocks
+    assert "--global-tokens" in capsys.readouterr().err
