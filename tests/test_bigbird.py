@@ -77,8 +77,9 @@ def _qkv(b=2, h=3, t=48, d=8, seed=0):
     return [torch.randn(b, h, t, d, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
-@pytest.mark.parametrize("drawn", [False, True])
-def test_blockwise_equals_dense_masked_reference(drawn):
+@pytest.mark.parametrize("drawn,chunk", [(False, 16), (True, 16), (True, 3)])
+def test_blockwise_equals_dense_masked_reference(drawn, chunk, monkeypatch):
+    monkeypatch.setattr("attnlab.nn.block_sparse.CHUNK", chunk)  # 3: the 10 middle blocks in 4 tiles
     block, r, t = 4, 2, 48  # 12 blocks
     q, k, v = _qkv(t=t)
     padding = torch.ones(2, t, dtype=torch.bool)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 SLOTS = 5  # global first, window i-1, i, i+1, global last
+CHUNK = 16  # middle query blocks per gathered tile (1,024 queries at BigBird-base's block of 64)
 
 
 def uses_blocks(length: int, block: int, num_random: int) -> bool:
@@ -110,21 +111,29 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     p = F.dropout(s.softmax(-1), p=dropout_p) if dropout_p > 0 else s.softmax(-1)
     out_global = p @ v[:, :, None]  # (B, H, 2, b, d)
 
-    # middle query blocks: gather their 5 + r key blocks into one tile each
+    # middle query blocks: gather their 5 + r key blocks into one tile each, CHUNK query blocks at a time
+    # (without autograd only those chunks' tiles are alive at once)
     ids, valid = key_blocks(n, num_random, random, q.device)
+    pad = key_padding.view(b_, 1, n, block).expand(b_, ids.size(0), n, block) if key_padding is not None else None
+    mid = qb[:, :, 1:-1]
+    mids = [_middle(mid[:, :, c:c + CHUNK], kb, vb, ids[:, c:c + CHUNK], valid[c:c + CHUNK], pad, scale,
+                    dropout_p, low) for c in range(0, n - 2, CHUNK)]
+    out = torch.cat([out_global[:, :, :1], *mids, out_global[:, :, 1:]], dim=2)
+    return out.reshape(b_, h, t, -1)
+
+
+def _middle(qb, kb, vb, ids, valid, pad, scale, dropout_p, low):
+    """Outputs of query blocks qb (B, H, c, b, d) over their key blocks ids (H or 1, c, 5 + r)."""
+    b_, h, c, block, d = qb.shape
     slots = ids.size(-1)
     flat = ids.reshape(1, ids.size(0), -1, 1, 1)
-    kg = kb.gather(2, flat.expand(b_, h, -1, block, d)).view(b_, h, n - 2, slots * block, d)
-    vg = vb.gather(2, flat.expand(b_, h, -1, block, v.size(-1))).view(b_, h, n - 2, slots * block, v.size(-1))
-    s = (qb[:, :, 1:-1] @ kg.transpose(-2, -1)) * scale  # (B, H, n-2, b, (5 + r) b)
-    keep = valid.repeat_interleave(block, -1)[None, None]  # (1, 1, n-2, (5 + r) b)
-    if key_padding is not None:
-        pad = key_padding.view(b_, 1, n, block)
-        pad = pad.expand(b_, ids.size(0), n, block).gather(2, ids.reshape(1, ids.size(0), -1, 1).expand(
-            b_, -1, -1, block)).view(b_, ids.size(0), n - 2, slots * block)
-        keep = keep & pad
+    kg = kb.gather(2, flat.expand(b_, h, -1, block, d)).view(b_, h, c, slots * block, d)
+    vg = vb.gather(2, flat.expand(b_, h, -1, block, vb.size(-1))).view(b_, h, c, slots * block, vb.size(-1))
+    s = (qb @ kg.transpose(-2, -1)) * scale  # (B, H, c, b, (5 + r) b)
+    keep = valid.repeat_interleave(block, -1)[None, None]  # (1, 1, c, (5 + r) b)
+    if pad is not None:  # the padding of the gathered keys
+        keep = keep & pad.gather(2, ids.reshape(1, ids.size(0), -1, 1).expand(b_, -1, -1, block)).view(
+            b_, ids.size(0), c, slots * block)
     s = s.masked_fill(~keep[..., None, :], low)
     p = F.dropout(s.softmax(-1), p=dropout_p) if dropout_p > 0 else s.softmax(-1)
-    out_mid = p @ vg  # (B, H, n-2, b, d)
-    out = torch.cat([out_global[:, :, :1], out_mid, out_global[:, :, 1:]], dim=2)
-    return out.reshape(b_, h, t, -1)
+    return p @ vg  # (B, H, c, b, d)
