@@ -157,14 +157,17 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 def markdown(results: list[dict], lengths: list[int]) -> str:
     lines = []
     for mode in ("forward", "forward+backward"):
-        lines += [f"**{mode}**: seconds / peak MB above the inputs (`-` = skipped: would pass the memory cap)", "",
+        lines += [f"**{mode}**: wall seconds (CPU seconds where recorded) / peak MB above the inputs (`-` = skipped: "
+                  "would pass the memory cap)", "",
                   "| method | " + " | ".join(f"T={t}" for t in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
         for method in [m for m in METHODS if any(r["method"] == m for r in results)]:
             cells = []
             for t in lengths:
                 r = next((r for r in results if r["method"] == method and r["mode"] == mode and r["T"] == t), None)
-                cells.append("-" if r is None or r["seconds"] is None else f"{r['seconds']:.3g} s / {r['peak_mb']:.0f} MB")
+                cpu = f" (CPU {r['cpu_seconds']:.3g} s)" if r is not None and r.get("cpu_seconds") is not None else ""
+                cells.append("-" if r is None or r["seconds"] is None else
+                             f"{r['seconds']:.3g} s{cpu} / {r['peak_mb']:.0f} MB")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
