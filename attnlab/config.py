@@ -30,8 +30,9 @@ PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
                "leaky_relu")  # max(x, 0.01 x) (Maas et al. 2013): a small gradient for negative inputs
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "tiled")  # tiled: FlashAttention's algorithm (nn/flash.py)
-ATTENTION_KINDS = ("softmax", "linear",  # linear: elu(x)+1 kernel, O(T) (Katharopoulos et al. 2020; nn/linear_attention.py)
-                   "block_sparse")  # BigBird: window + global + random blocks, O(T) (Zaheer et al. 2020; nn/block_sparse.py)
+ATTENTION_KINDS = ("softmax",
+                   "linear",  # elu(x)+1 kernel, O(T) (Katharopoulos et al. 2020; nn/linear_attention.py)
+                   "block_sparse")  # BigBird blocks, O(T) (Zaheer et al. 2020; nn/block_sparse.py)
 CLASSIFIER_POOLINGS = ("cls", "mean")  # what a sequence classifier reads: BERT's pooled [CLS], or a masked mean
 
 
@@ -91,7 +92,7 @@ class ModelConfig:
     bias: bool = True                   # biases in linear layers (and LayerNorm)
     causal: bool = False
     sliding_window: int | None = None   # local attention: each query sees keys within this distance
-    attention_kind: str = "softmax"     # softmax | linear (kernel phi(q).phi(k), Katharopoulos et al. 2020)
+    attention_kind: str = "softmax"     # softmax | linear (Katharopoulos et al. 2020) | block_sparse (BigBird)
     global_attention: bool = False      # Longformer: tokens in global_attention_mask attend everywhere with own Q/K/V
     sparse_block_size: int = 64         # block_sparse (BigBird): tokens per block
     num_random_blocks: int = 3          # block_sparse (BigBird): random key blocks per query block

@@ -6,7 +6,9 @@ its own and its two neighbours, and `num_random_blocks` random blocks. `attentio
 is plain attention (`attention_kind: softmax`). transformers pads the input to whole blocks and uses
 full attention for sequences of at most (5 + 2 r) blocks; our attention does the same, inside the layer.
 `use_bias` is our `qkv_bias` (the output projection keeps its bias), `rescale_embeddings` our
-`scale_embeddings` (token embeddings times sqrt(hidden_size)).
+`scale_embeddings` (token embeddings times sqrt(hidden_size)). In training our block-sparse layer draws
+fresh random blocks per call and applies `attention_dropout` to its probabilities; transformers' block-sparse
+layer applies no attention dropout (eval, where parity is checked, has neither).
 """
 from __future__ import annotations
 
