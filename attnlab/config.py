@@ -30,7 +30,9 @@ PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
                "leaky_relu")  # max(x, 0.01 x) (Maas et al. 2013): a small gradient for negative inputs
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "tiled")  # tiled: FlashAttention's algorithm (nn/flash.py)
-ATTENTION_KINDS = ("softmax", "linear")  # linear: elu(x)+1 kernel, O(T) (Katharopoulos et al. 2020; nn/linear_attention.py)
+ATTENTION_KINDS = ("softmax",
+                   "linear",  # elu(x)+1 kernel, O(T) (Katharopoulos et al. 2020; nn/linear_attention.py)
+                   "block_sparse")  # BigBird blocks, O(T) (Zaheer et al. 2020; nn/block_sparse.py)
 CLASSIFIER_POOLINGS = ("cls", "mean")  # what a sequence classifier reads: BERT's pooled [CLS], or a masked mean
 
 
@@ -90,8 +92,10 @@ class ModelConfig:
     bias: bool = True                   # biases in linear layers (and LayerNorm)
     causal: bool = False
     sliding_window: int | None = None   # local attention: each query sees keys within this distance
-    attention_kind: str = "softmax"     # softmax | linear (kernel phi(q).phi(k), Katharopoulos et al. 2020)
+    attention_kind: str = "softmax"     # softmax | linear (Katharopoulos et al. 2020) | block_sparse (BigBird)
     global_attention: bool = False      # Longformer: tokens in global_attention_mask attend everywhere with own Q/K/V
+    sparse_block_size: int = 64         # block_sparse (BigBird): tokens per block
+    num_random_blocks: int = 3          # block_sparse (BigBird): random key blocks per query block
     attention_scale: float | None = None  # None = 1/sqrt(head_dim) (T5 and GPT-Neo use 1.0)
     qkv_bias: bool | None = None        # biases on the Q/K/V projections; None = `bias` (GPT-Neo: none, output has one)
     rotary_fraction: float = 1.0        # share of each head's dimensions RoPE rotates (GPT-NeoX/Pythia: 0.25)
@@ -226,6 +230,14 @@ class ModelConfig:
         if self.attention_kind == "linear" and (self.sliding_window is not None or self.position == "relative_bias"):
             raise bad("attention_kind", "cannot take a sliding_window or a relative position bias (its kernel "
                                         "has no score matrix to mask or bias)")
+        if self.sparse_block_size <= 0 or self.num_random_blocks < 0:
+            raise bad("sparse_block_size" if self.sparse_block_size <= 0 else "num_random_blocks",
+                      "must be a positive (num_random_blocks: non-negative) integer")
+        if self.attention_kind == "block_sparse" and (self.causal or self.sliding_window is not None
+                                                      or self.global_attention or self.position == "relative_bias"):
+            raise bad("attention_kind", "block_sparse (BigBird) is bidirectional with its own window and global "
+                                        "blocks: it cannot take causal, sliding_window, global_attention or a "
+                                        "relative position bias")
         if self.global_attention and self.kv_heads != self.num_heads:
             raise bad("global_attention", "needs num_kv_heads = num_heads (Longformer's global projections are per head)")
         if self.parallel_residual and self.norm_placement != "pre":
@@ -310,6 +322,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                             attention_dropout=0.0, pooler=False, sliding_window=65, pad_token_id=50283,
                             bos_token_id=50281, eos_token_id=50282,
                             extra={"global_every": 3, "local_rope_theta": 10000.0, "skip_first_attn_norm": True}),
+    # Long-document encoders (issue 24), RoBERTa-base shape. Longformer-base (Beltagy et al. 2020): a 512-token
+    # window (256 each side) + global tokens with their own Q/K/V, 4,096 positions.
+    "longformer-base": dict(model_type="longformer", vocab_size=50265, max_position_embeddings=4098, type_vocab_size=1,
+                            norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, sliding_window=257,
+                            global_attention=True, extra={"position_offset": 2, "head_activation": "gelu"}),
+    # BigBird-RoBERTa-base (Zaheer et al. 2020, App. E): block-sparse attention, blocks of 64, 3 random blocks.
+    "bigbird-base": dict(model_type="big_bird", vocab_size=50358, max_position_embeddings=4096, activation="gelu_tanh",
+                         attention_kind="block_sparse", sparse_block_size=64, num_random_blocks=3, pad_token_id=0,
+                         bos_token_id=1, eos_token_id=2, extra={"sep_token_id": 66}),
     # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
     # The original Transformer, base model (Vaswani et al. 2017, Table 3): post-LN, sinusoidal positions added
     # to embeddings scaled by sqrt(d_model) (§3.4-3.5), ReLU FFN (§3.3), residual dropout 0.1 (§5.4), one

@@ -10,6 +10,10 @@ Methods (one (B, H, T, d) attention call each, causal, fp32):
   tiled-window    the tiled path on the same mask: tiles outside the band are skipped, O(T W)
   longformer      bidirectional window W + 16 global tokens (tiled), plus the global rows over all keys
   linear          linear attention (attention_kind=linear, nn/linear_attention.py), chunked causal form
+  bigbird         BigBird's block-sparse attention, bidirectional (attention_kind=block_sparse,
+                  nn/block_sparse.py): blocks of 64, window 3 blocks, first/last block global, 3 random
+                  blocks per query block (BigBird-base), drawn in the call as in training; at most
+                  (5 + 2 * 3) blocks (T <= 704) it is full attention, as in the model
 For each length: forward (no grad) and forward+backward (gradients of q, k, v): seconds and peak RSS
 above the inputs (VmHWM reset through /proc/self/clear_refs; glibc's mmap threshold pinned so freed
 blocks go back to the system). A method is skipped at a length where its previous peak, extrapolated
@@ -39,11 +43,13 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attnlab.nn.attention import AttentionMask, scaled_dot_product_attention  # noqa: E402
+from attnlab.nn.block_sparse import block_sparse_attention, draw_random_blocks, uses_blocks  # noqa: E402
 from attnlab.nn.linear_attention import linear_attention  # noqa: E402
 
 _LIBC = ctypes.CDLL("libc.so.6")
-METHODS = ("sdpa", "explicit", "tiled", "sdpa-window", "tiled-window", "longformer", "linear")
+METHODS = ("sdpa", "explicit", "tiled", "sdpa-window", "tiled-window", "longformer", "linear", "bigbird")
 GLOBALS = 16  # Longformer global tokens (e.g. a question's tokens) for the `longformer` method
+BLOCK, RANDOM = 64, 3  # BigBird-base's block size and random blocks (Zaheer et al. 2020, App. E)
 
 
 def _status(field: str) -> int:
@@ -53,15 +59,16 @@ def _status(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def measure(fn) -> tuple[float, int]:
-    """(seconds, peak bytes above the RSS before the call)."""
+def measure(fn) -> tuple[float, int, float]:
+    """(seconds, peak bytes above the RSS before the call, CPU seconds of this process: on a loaded
+    machine the wall seconds include waiting for a core, the CPU seconds do not)."""
     _LIBC.malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     base = _status("VmRSS")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
     seconds = time.perf_counter() - start
-    return seconds, max(_status("VmHWM") - base, 0)
+    return seconds, max(_status("VmHWM") - base, 0), time.process_time() - cpu
 
 
 def attention_fn(method: str, q, k, v, window: int):
@@ -94,10 +101,15 @@ def attention_fn(method: str, q, k, v, window: int):
         return run
     if method == "linear":
         return lambda: linear_attention(q, k, v, causal=True)[0]
+    if method == "bigbird":
+        if not uses_blocks(t, BLOCK, RANDOM):  # too few blocks: the model attends fully, as transformers does
+            return lambda: F.scaled_dot_product_attention(q, k, v)
+        return lambda: block_sparse_attention(q, k, v, None, BLOCK, RANDOM,
+                                              draw_random_blocks(t // BLOCK, RANDOM, q.size(1)))
     raise ValueError(f"unknown method {method!r}; methods: {', '.join(METHODS)}")
 
 
-def run_one(method: str, t: int, backward: bool, args) -> tuple[float, int]:
+def run_one(method: str, t: int, backward: bool, args) -> tuple[float, int, float]:
     g = torch.Generator().manual_seed(t)
     q, k, v = (torch.randn(args.batch, args.heads, t, args.dim, generator=g).requires_grad_(backward)
                for _ in range(3))
@@ -113,7 +125,7 @@ def run_one(method: str, t: int, backward: bool, args) -> tuple[float, int]:
                 fn()
     repeats = args.repeats if t <= 2048 else 1
     runs = [measure(step) for _ in range(repeats)]
-    return min(r[0] for r in runs), max(r[1] for r in runs)
+    return min(r[0] for r in runs), max(r[1] for r in runs), min(r[2] for r in runs)
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
@@ -145,14 +157,17 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 def markdown(results: list[dict], lengths: list[int]) -> str:
     lines = []
     for mode in ("forward", "forward+backward"):
-        lines += [f"**{mode}**: seconds / peak MB above the inputs (`-` = skipped: would pass the memory cap)", "",
+        lines += [f"**{mode}**: wall seconds (CPU seconds where recorded) / peak MB above the inputs (`-` = skipped: "
+                  "would pass the memory cap)", "",
                   "| method | " + " | ".join(f"T={t}" for t in lengths) + " |",
                   "|---|" + "---|" * len(lengths)]
         for method in [m for m in METHODS if any(r["method"] == m for r in results)]:
             cells = []
             for t in lengths:
                 r = next((r for r in results if r["method"] == method and r["mode"] == mode and r["T"] == t), None)
-                cells.append("-" if r is None or r["seconds"] is None else f"{r['seconds']:.3g} s / {r['peak_mb']:.0f} MB")
+                cpu = f" (CPU {r['cpu_seconds']:.3g} s)" if r is not None and r.get("cpu_seconds") is not None else ""
+                cells.append("-" if r is None or r["seconds"] is None else
+                             f"{r['seconds']:.3g} s{cpu} / {r['peak_mb']:.0f} MB")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -165,7 +180,7 @@ def timing_only(args, methods, lengths, out: Path) -> None:
     load_start = os.getloadavg()
     for r in data["results"]:
         if r["method"] in methods and r["T"] in lengths and r["mode"] in args.modes.split(",") and r["seconds"] is not None:
-            r["seconds"], _ = run_one(r["method"], r["T"], r["mode"] != "forward", args)
+            r["seconds"], _, r["cpu_seconds"] = run_one(r["method"], r["T"], r["mode"] != "forward", args)
             r["load_timing"] = os.getloadavg()[0]
             print(json.dumps(r), flush=True)
     data["meta"]["timing"] = dict(load_start=load_start, load_end=os.getloadavg(), methods=methods,
@@ -207,7 +222,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, B={args.batch} H={args.heads} "
           f"d={args.dim} window={args.window}, load {load_start}", flush=True)
     for method in methods:  # warm-up: first calls pay for lazy initialisation (autograd, kernels)
-        run_one(method, 256, True, argparse.Namespace(**{**vars(args), "repeats": 1}))
+        warm = 1024 if method == "bigbird" else 256  # bigbird: long enough for its blocks
+        run_one(method, warm, True, argparse.Namespace(**{**vars(args), "repeats": 1}))
     if args.timing_only:
         return timing_only(args, methods, lengths, out)
     results = []
@@ -216,11 +232,11 @@ def main() -> None:
             last = None  # (T, peak bytes) of the previous length
             for t in lengths:
                 row = dict(method=method, mode=mode, T=t, seconds=None, peak_mb=None)
-                if last is not None and last[1] * (t / last[0]) ** 2 > args.max_gb * 2**30 and method not in ("linear", "tiled-window", "longformer"):
+                if last is not None and last[1] * (t / last[0]) ** 2 > args.max_gb * 2**30 and method not in ("linear", "tiled-window", "longformer", "bigbird"):
                     row["skipped"] = f"extrapolated peak > {args.max_gb} GB"
                 else:
-                    seconds, peak = run_one(method, t, mode != "forward", args)
-                    row.update(seconds=seconds, peak_mb=peak / 2**20, load=os.getloadavg()[0])
+                    seconds, peak, cpu = run_one(method, t, mode != "forward", args)
+                    row.update(seconds=seconds, peak_mb=peak / 2**20, cpu_seconds=cpu, load=os.getloadavg()[0])
                     last = (t, peak)
                 results.append(row)
                 print(json.dumps(row), flush=True)

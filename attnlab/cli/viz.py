@@ -9,6 +9,11 @@ examples:
   attnlab viz minilm --text "The cat sat on the mat."
   attnlab viz minilm --text "The cat sat." --text-b "It was happy." --output pair.html --view model
   attnlab viz minilm --text "The cat sat." --view neuron --layer 2 --head 5 --png
+  attnlab viz runs/longformer --text "A long document ..." --pattern --global-tokens 0 -o pattern.png
+  attnlab viz runs/bigbird --text "A long document ..." --pattern --head 1 -o pattern.png
+
+--pattern writes only which token may see which (the model's mask recipe: sliding window, Longformer's
+global tokens, BigBird's blocks) as a PNG, and runs nothing through the model.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=int, default=None, help="head it opens on (default: all heads)")
     p.add_argument("--png", action="store_true",
                    help="also write heatmaps: OUTPUT.png (every layer × head) and OUTPUT-L<l>H<h>.png")
+    p.add_argument("--pattern", action="store_true",
+                   help="write only the attention pattern (which token may see which) as OUTPUT with .png")
+    p.add_argument("--global-tokens", default="",
+                   help="with --pattern: comma-separated token positions that are global (Longformer), e.g. 0,5")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     model = attnlab.load(args.model)
     tokenizer = attnlab.load_tokenizer(args.model)
     title = "/".join(Path(str(args.model)).parts[-2:])  # "minilm", or the last two parts of a path
+    if args.pattern:
+        return _pattern(model, tokenizer, args, title)
     if getattr(model, "self_attention", True) is False:  # an RNN encoder-decoder: only its alignment
         return _alignment(model, tokenizer, args, title)
     if hasattr(model, "encoder") and hasattr(model, "decoder"):
@@ -53,6 +64,23 @@ def run(args: argparse.Namespace) -> int:
         for png in save_heatmaps(data, Path(args.output).with_suffix(".png"), layer=args.layer,
                                  head=args.head or 0):
             print(f"wrote {png}")
+    return 0
+
+
+def _pattern(model, tokenizer, args: argparse.Namespace, title: str) -> int:
+    from ..viz.patterns import attention_pattern, save_pattern
+    if not args.text or not args.text.strip():
+        raise ValueError("--text is empty: give the input whose attention pattern to draw")
+    try:
+        glob = [int(x) for x in args.global_tokens.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--global-tokens {args.global_tokens!r}: expected comma-separated token positions") from None
+    enc = tokenizer(args.text, args.text_b, return_tensors="pt") if args.text_b else \
+        tokenizer(args.text, return_tensors="pt")
+    tokens = enc.tokens(0)
+    allowed, how = attention_pattern(model.config, len(tokens), glob, layer=args.layer, head=args.head or 0)
+    png = save_pattern(allowed, tokens, Path(args.output).with_suffix(".png"), f"{title}: {how}")
+    print(f"wrote {png} ({len(tokens)} tokens; {how})")
     return 0
 
 

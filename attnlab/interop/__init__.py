@@ -19,6 +19,7 @@ from . import bart  # noqa: F401  (BART, issue 23)
 from . import ctrl, gpt_neo, gpt_neox, openai_gpt  # noqa: F401  (CTRL, GPT-1, GPT-Neo, GPT-NeoX, issue 27)
 from . import mistral, mixtral  # noqa: F401  (sliding window, mixture of experts; issue 24)
 from . import longformer  # noqa: F401  (sliding window + global tokens, issue 24)
+from . import bigbird  # noqa: F401  (block-sparse attention: window + global + random blocks, issue 24)
 from .api import from_config, load, load_tokenizer, save
 
 __all__ = ["from_config", "load", "load_tokenizer", "save"]

@@ -169,6 +169,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                num_experts=cfg.num_experts, experts_top_k=cfg.experts_top_k if cfg.num_experts else None,
                attention_kind=cfg.attention_kind,  # no HF family has linear attention
                global_attention=cfg.global_attention)
+    if cfg.attention_kind == "block_sparse":
+        sig.update(sparse_block_size=cfg.sparse_block_size, num_random_blocks=cfg.num_random_blocks)
     if cfg.position in ("learned", "sinusoidal"):
         sig["max_position_embeddings"] = cfg.max_position_embeddings
     if cfg.position == "rope":

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from .block_sparse import block_sparse_attention, dense_attention, draw_random_blocks, token_counts, uses_blocks
 from .flash import tiled_attention
 from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
 from .positions import apply_rotary
@@ -110,16 +111,17 @@ class AttentionMask:
             allowed = allowed & r["padding"][:, None, None, ks:ke]
         return allowed
 
-    def key_padding(self) -> torch.Tensor | None:
-        """(B, Tk) bool, True = real key, or None: all a kind without a general mask (linear attention)
-        can honour; a window, packed documents or a bare mask tensor are an error that says so."""
+    def key_padding(self, kind: str = "linear attention") -> torch.Tensor | None:
+        """(B, Tk) bool, True = real key, or None: all a kind without a general mask (linear attention,
+        BigBird's block-sparse attention) can honour; a window, packed documents or a bare mask tensor are
+        an error that says so."""
         r = self._recipe
         if r is None:
             if self._allowed is not None:
-                raise ValueError("linear attention takes padding and causal masks only, not a dense mask tensor")
+                raise ValueError(f"{kind} takes padding and causal masks only, not a dense mask tensor")
             return None
         if r["window"] is not None or r["documents"] is not None or r["global_tokens"] is not None:
-            raise ValueError("linear attention takes padding and causal masks only, not a sliding window, "
+            raise ValueError(f"{kind} takes padding and causal masks only, not a sliding window, "
                              "packed documents (document_ids) or global tokens")
         return r["padding"]
 
@@ -238,6 +240,9 @@ class Attention(nn.Module):
         self.explicit = config.attn_implementation == "eager"
         self.tiled = config.attn_implementation == "tiled"
         self.linear = config.attention_kind == "linear"
+        # BigBird (nn/block_sparse.py): blocks of sparse_block_size, r random blocks per query block
+        self.block_sparse = config.attention_kind == "block_sparse" and not cross
+        self.sparse_block, self.num_random = config.sparse_block_size, config.num_random_blocks
         self.causal = config.causal and not cross
         self.cross = cross
 
@@ -303,6 +308,8 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.linear:
             out, weights = self._linear(q, k, v, mask, cache, layer_idx, need_weights)
+        elif self.block_sparse and cache is None and uses_blocks(t, self.sparse_block, self.num_random):
+            out, weights = self._block_sparse(q, k, v, mask, need_weights)
         else:
             if cache is not None:
                 k, v = cache.update(layer_idx, k, v)
@@ -336,6 +343,31 @@ class Attention(nn.Module):
                                                explicit=self.explicit, tiled=self.tiled)
         at = idx[:, None, :, None].expand(b, self.num_heads, n, self.head_dim)
         return out.scatter(2, at, torch.where(valid[:, None, :, None], glob, out.gather(2, at)))
+
+    def _block_sparse(self, q, k, v, mask, need_weights):
+        """attention_kind=block_sparse (BigBird): pad to whole blocks (padding keys masked, as transformers
+        pads its input), attend blockwise, cut back. Random blocks are drawn afresh in training only (see
+        nn/block_sparse.py for eval mode). need_weights: the dense T x T reference, same numbers."""
+        b, _, t, _ = q.shape
+        padding = mask.key_padding("block-sparse attention") if mask is not None else None
+        groups = q.size(1) // k.size(1)
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        extra = -t % self.sparse_block
+        if extra:
+            q, k, v = (F.pad(x, (0, 0, 0, extra)) for x in (q, k, v))
+            real = torch.ones(b, t, dtype=torch.bool, device=q.device) if padding is None else padding
+            padding = F.pad(real, (0, extra), value=False)
+        n = (t + extra) // self.sparse_block
+        random = draw_random_blocks(n, self.num_random, q.size(1), device=q.device) if self.training else None
+        scale = q.size(-1) ** -0.5 if self.scale is None else self.scale
+        if need_weights:
+            counts = token_counts(t + extra, self.sparse_block, self.num_random, random, q.device)
+            out, weights = dense_attention(q, k, v, padding, counts, scale)
+            return out[:, :, :t], weights[:, :, :t, :t]
+        out = block_sparse_attention(q, k, v, padding, self.sparse_block, self.num_random, random, scale,
+                                     self.dropout if self.training else 0.0)
+        return out[:, :, :t], None
 
     def _linear(self, q, k, v, mask, cache, layer_idx, need_weights):
         """attention_kind=linear (nn/linear_attention.py): a LinearAttentionCache carries the recurrent

@@ -173,6 +173,8 @@ def _tiny_hf(model_type: str) -> dict:
             tiny[key] = 8
     if base.sliding_window:
         tiny["sliding_window"] = 5
+    if base.num_kv_heads is not None:  # GQA presets (Mistral, Mixtral): one key/value head for the tiny 2 heads
+        tiny["num_kv_heads"] = 1
     extra = dict(base.extra)
     if "num_decoder_layers" in extra:
         extra["num_decoder_layers"] = 1
