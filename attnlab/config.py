@@ -112,6 +112,17 @@ class ModelConfig:
     experts_top_k: int = 2
     router_aux_loss_coef: float = 0.0   # load-balancing loss weight in training (Fedus et al. 2021, eq. 4)
     router_z_loss_coef: float = 0.0     # router z-loss weight (Zoph et al. 2022, ST-MoE eq. 5); 0 = off
+    # DeBERTa's disentangled attention (He et al. 2021, §3.1; nn/disentangled.py): besides content-to-content,
+    # "c2p" (content-to-position) and/or "p2c" (position-to-content) scores from one shared table of relative
+    # position embeddings; [] = off. position_buckets > 0 buckets distances logarithmically beyond
+    # position_buckets/2 up to max_relative_positions (None = max_position_embeddings; DeBERTa-v2 §A.1);
+    # share_att_key projects the position table with the layer's own W_q/W_k (v2); relative_embedding_norm
+    # puts a LayerNorm on the table (v2's norm_rel_ebd)
+    disentangled_attention: list[str] = field(default_factory=list)
+    position_buckets: int = 0
+    max_relative_positions: int | None = None
+    share_att_key: bool = False
+    relative_embedding_norm: bool = False
 
     # --- numbers
     norm_eps: float = 1e-12
@@ -154,6 +165,13 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """Dimensions per head that RoPE rotates (the first ones); the rest pass through (GPT-NeoX)."""
         return int(self.dim_head * self.rotary_fraction)
+
+    @property
+    def relative_span(self) -> int:
+        """DeBERTa: k, the largest relative distance (or bucket) told apart; the table has 2k rows."""
+        if self.position_buckets > 0:
+            return self.position_buckets
+        return self.max_relative_positions or self.max_position_embeddings
 
     @property
     def is_glu(self) -> bool:
@@ -228,6 +246,21 @@ class ModelConfig:
                                         "has no score matrix to mask or bias)")
         if self.global_attention and self.kv_heads != self.num_heads:
             raise bad("global_attention", "needs num_kv_heads = num_heads (Longformer's global projections are per head)")
+        if any(t not in ("c2p", "p2c") for t in self.disentangled_attention) or \
+                len(set(self.disentangled_attention)) != len(self.disentangled_attention):
+            raise bad("disentangled_attention", "must list each of 'c2p', 'p2c' at most once")
+        if self.disentangled_attention and (self.causal or self.attention_kind != "softmax" or self.global_attention):
+            raise bad("disentangled_attention", "is for a bidirectional softmax encoder (not causal, linear or global)")
+        if self.position_buckets < 0:
+            raise bad("position_buckets", "must be 0 (no buckets) or a positive integer")
+        if self.position_buckets and self.position_buckets < 4:
+            raise bad("position_buckets", "must be at least 4 (half exact distances, half log-spaced)")
+        if self.max_relative_positions is not None and self.max_relative_positions <= 0:
+            raise bad("max_relative_positions", "must be a positive integer or null (= max_position_embeddings)")
+        if self.position_buckets and (self.max_relative_positions or self.max_position_embeddings) <= self.position_buckets // 2 + 1:
+            # the log buckets span position_buckets/2 .. max_relative_positions - 1 (log of a ratio > 1)
+            raise bad("max_relative_positions", f"(or max_position_embeddings when null) must exceed "
+                                                f"position_buckets // 2 + 1 = {self.position_buckets // 2 + 1}")
         if self.parallel_residual and self.norm_placement != "pre":
             raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from .disentangled import DisentangledBias
 from .flash import tiled_attention
 from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
 from .positions import apply_rotary
@@ -233,7 +234,9 @@ class Attention(nn.Module):
             self.q_global, self.k_global, self.v_global = (
                 nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias) for _ in range(3))
         self.global_attention = config.global_attention and not cross
-        self.scale = config.attention_scale
+        # DeBERTa: c2p / p2c scores from relative positions, added to Q Kᵀ (nn/disentangled.py)
+        self.rel = DisentangledBias(config) if config.disentangled_attention and not cross else None
+        self.scale = config.attention_scale if config.attention_scale is not None or self.rel is None else self.rel.scale
         self.dropout = config.attention_dropout
         self.explicit = config.attn_implementation == "eager"
         self.tiled = config.attn_implementation == "tiled"
@@ -278,7 +281,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, mask: AttentionMask | None = None, *,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, bias: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, cache: KVCacheLike | None = None, layer_idx: int = 0,
-                need_weights: bool = False, varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                need_weights: bool = False, varlen: Varlen | None = None,
+                positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """positions: DeBERTa's (relative-position table, index) from the Encoder, for disentangled attention."""
         if varlen is not None:
             # x is (N, d), real tokens only: project them, then attend in the padded (B, T) layout
             b, t = varlen.batch, varlen.seq_len
@@ -294,6 +299,11 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rel is not None:
+            if positions is None or cache is not None:
+                raise ValueError("disentangled attention needs the encoder's relative positions and no KV cache")
+            rel = self.rel(q, k, positions, self.q, self.k)
+            bias = rel if bias is None else bias + rel
         if self.linear:
             out, weights = self._linear(q, k, v, mask, cache, layer_idx, need_weights)
         else:
