@@ -314,6 +314,14 @@ _BART = dict(model_type="bart", vocab_size=50265, max_position_embeddings=1026, 
              norm_placement="post", activation="gelu", embedding_norm=True, scale_embeddings=False, pooler=False,
              norm_eps=1e-5, dropout=0.1, attention_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
 _BART_EXTRA = dict(decoder_start_token_id=2, position_offset=2, pad_aware_positions=False, final_logits_bias=True)
+# DeBERTa-v3 (He et al. 2023; sizes of the released checkpoints): BERT's post-LN encoder with disentangled
+# attention (c2p + p2c, He et al. 2021 §3.1) over 2 x 256 log-bucketed relative positions up to 512, position
+# keys through each layer's own W_q/W_k, a LayerNorm on the position table, no absolute positions in the input,
+# 128k SentencePiece vocabulary; the classifier's pooler (GELU) belongs to the head.
+_DEBERTA_V3 = dict(model_type="deberta-v2", vocab_size=128100, type_vocab_size=0, position="none", norm_eps=1e-7,
+                   pooler=False, disentangled_attention=["p2c", "c2p"], position_buckets=256, share_att_key=True,
+                   relative_embedding_norm=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                   extra={"head_pooler": True, "pooler_activation": "gelu"})
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base": dict(_BERT),
     "bert-large": dict(_BERT, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -343,6 +351,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                             attention_dropout=0.0, pooler=False, sliding_window=65, pad_token_id=50283,
                             bos_token_id=50281, eos_token_id=50282,
                             extra={"global_every": 3, "local_rope_theta": 10000.0, "skip_first_attn_norm": True}),
+    "deberta-v3-base": dict(_DEBERTA_V3),
+    "deberta-v3-xsmall": dict(_DEBERTA_V3, hidden_size=384, num_heads=6, intermediate_size=1536),
     # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
     # The original Transformer, base model (Vaswani et al. 2017, Table 3): post-LN, sinusoidal positions added
     # to embeddings scaled by sqrt(d_model) (§3.4-3.5), ReLU FFN (§3.3), residual dropout 0.1 (§5.4), one
