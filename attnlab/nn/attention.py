@@ -284,6 +284,10 @@ class Attention(nn.Module):
                 need_weights: bool = False, varlen: Varlen | None = None,
                 positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions: DeBERTa's (relative-position table, index) from the Encoder, for disentangled attention."""
+        if self.rel is not None:
+            if positions is None or cache is not None:
+                raise ValueError("disentangled attention needs the encoder's relative positions and no KV cache")
+            projected = self.rel.project(positions, self.q, self.k)
         if varlen is not None:
             # x is (N, d), real tokens only: project them, then attend in the padded (B, T) layout
             b, t = varlen.batch, varlen.seq_len
@@ -300,9 +304,7 @@ class Attention(nn.Module):
             cos, sin = rope
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.rel is not None:
-            if positions is None or cache is not None:
-                raise ValueError("disentangled attention needs the encoder's relative positions and no KV cache")
-            rel = self.rel(q, k, positions, self.q, self.k)
+            rel = self.rel(q, k, projected, positions[1])
             bias = rel if bias is None else bias + rel
         if self.linear:
             out, weights = self._linear(q, k, v, mask, cache, layer_idx, need_weights)

@@ -86,27 +86,33 @@ class DisentangledBias(nn.Module):
         self.dropout = nn.Dropout(config.dropout)  # on P, in each layer (DeBERTa's pos_dropout)
         self.scale = (config.dim_head * (1 + len(self.kinds))) ** -0.5
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: tuple[torch.Tensor, torch.Tensor],
-                q_proj: nn.Module, k_proj: nn.Module) -> torch.Tensor:
-        """q (B, H, T, d), k (B, H, T, d): the layer's queries and keys; positions = (P, index) from
-        RelativePositions; q_proj / k_proj: the layer's W_q, W_k (used for P when shared).
-        Returns (B, H, T, T) scores."""
-        table, index = positions
-        table = self.dropout(table)
+    def project(self, positions: tuple[torch.Tensor, torch.Tensor], q_proj: nn.Module, k_proj: nn.Module) -> dict:
+        """K_r and/or Q_r of the table, (2k, H d). q_proj / k_proj: the layer's W_q, W_k (used when shared).
+        Attention calls this before projecting its own input, so that a forward hook on W_q / W_k (the
+        attention page's neuron view) is left holding the content projection, which it wants."""
+        table = self.dropout(positions[0])
+        out = {}
+        if "c2p" in self.kinds:
+            out["c2p"] = (k_proj if self.shared else self.pos_k)(table)
+        if "p2c" in self.kinds:
+            out["p2c"] = (q_proj if self.shared else self.pos_q)(table)
+        return out
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, projected: dict, index: torch.Tensor) -> torch.Tensor:
+        """q (B, H, T, d), k (B, H, T, d): the layer's queries and keys; `projected` from `project`, `index`
+        from RelativePositions. Returns (B, H, T, T) scores."""
         b, h, t, d = q.shape
         if k.size(2) != t:
             raise ValueError("disentangled attention scores a sequence against itself (no KV cache, no cross-attention)")
         heads = lambda x: x.view(-1, h, d).transpose(0, 1)  # (2k, H d) -> (H, 2k, d)  # noqa: E731
         scores = torch.zeros((), dtype=q.dtype, device=q.device)
-        if "c2p" in self.kinds:
-            pos_k = heads((k_proj if self.shared else self.pos_k)(table))
+        if "c2p" in projected:
             # query i against every relative position, then pick δ(i, j) for each key j
-            c2p = torch.matmul(q, pos_k.transpose(-1, -2))                    # (B, H, T, 2k)
+            c2p = torch.matmul(q, heads(projected["c2p"]).transpose(-1, -2))   # (B, H, T, 2k)
             scores = scores + c2p.gather(-1, index.expand(b, h, t, t))
-        if "p2c" in self.kinds:
-            pos_q = heads((q_proj if self.shared else self.pos_q)(table))
+        if "p2c" in projected:
             # key j against every relative position, picking δ(i, j) for each query i (row j of the
             # transposed index), then back to (query, key) order
-            p2c = torch.matmul(k, pos_q.transpose(-1, -2))                    # (B, H, T, 2k)
+            p2c = torch.matmul(k, heads(projected["p2c"]).transpose(-1, -2))   # (B, H, T, 2k)
             scores = scores + p2c.gather(-1, index.t().expand(b, h, t, t)).transpose(-1, -2)
         return scores * self.scale
