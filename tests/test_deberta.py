@@ -9,7 +9,7 @@ import torch
 
 import attnlab
 from _families import max_diff, padded_inputs, randomize, roundtrip
-from _pretrain_utils import one_thread
+from _pretrain_utils import one_thread, train_losses
 from attnlab.config import ConfigError, ModelConfig, preset
 from attnlab.nn.disentangled import log_bucket, relative_index
 from attnlab.objectives.electra import Electra, electra_collate, electra_loss, generator_config
@@ -206,14 +206,8 @@ def test_deberta_v3_rtd_trains_and_exports(tmp_path):
     from attnlab.heads import ReplacedTokenDetection
     torch.manual_seed(0)
     model = Electra(_v3_tiny(), generator_config(_v3_tiny(), divisor=1, depth=0.5), sharing="gdes")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    fixed, losses = [_batch(i) for i in range(4)], []
-    for step in range(16):
-        loss, _ = electra_loss(model, fixed[step % 4])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    fixed = [_batch(i) for i in range(4)]
+    losses, _ = train_losses(model, electra_loss, fixed, 16)
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
     e_g = model.generator.backbone.embeddings.tok.weight.detach().clone()
     e_delta = model.discriminator.backbone.embeddings.tok.weight.detach().clone()
