@@ -144,6 +144,22 @@ def test_presets_count_like_transformers():
     assert attnlab.from_config(preset("deberta-v3-base")).num_parameters() == 183_831_552
 
 
+def test_a_model_built_here_saves_for_transformers(tmp_path):
+    """From a preset (no checkpoint): attnlab's save is a DebertaV2ForSequenceClassification directory that
+    transformers loads with the same logits; the classifier reads the GELU ContextPooler."""
+    from attnlab.heads import SequenceClassification
+    torch.manual_seed(0)
+    cfg = _v3_tiny(vocab_size=V, extra={"head_pooler": True, "pooler_activation": "gelu", "num_labels": 3})
+    ours = randomize(SequenceClassification(cfg))
+    assert ours.backbone.pooler is not None and attnlab.from_config(cfg).pooler is None  # the head's, not the backbone's
+    attnlab.save(ours, tmp_path)
+    theirs = transformers.DebertaV2ForSequenceClassification.from_pretrained(tmp_path).eval()
+    inputs, _ = _inputs()
+    with torch.no_grad():
+        assert (ours(**inputs).logits - theirs(**inputs).logits).abs().max() <= 1e-5
+    assert theirs.config.position_buckets == 8 and theirs.config.share_att_key and not theirs.config.position_biased_input
+
+
 def test_unsupported_configs_name_the_key(tmp_path):
     import json
     for bad, key in ((dict(conv_kernel_size=3), "conv_kernel_size"), (dict(embedding_size=16), "embedding_size"),
