@@ -249,8 +249,10 @@ class ModelConfig:
         if any(t not in ("c2p", "p2c") for t in self.disentangled_attention) or \
                 len(set(self.disentangled_attention)) != len(self.disentangled_attention):
             raise bad("disentangled_attention", "must list each of 'c2p', 'p2c' at most once")
-        if self.disentangled_attention and (self.causal or self.attention_kind != "softmax" or self.global_attention):
-            raise bad("disentangled_attention", "is for a bidirectional softmax encoder (not causal, linear or global)")
+        if self.disentangled_attention and (self.causal or self.attention_kind != "softmax" or self.global_attention
+                                            or self.kv_heads != self.num_heads):
+            raise bad("disentangled_attention", "is for a bidirectional softmax encoder with one key head per query "
+                                                "head (not causal, linear, global or GQA)")
         if self.position_buckets < 0:
             raise bad("position_buckets", "must be 0 (no buckets) or a positive integer")
         if self.position_buckets and self.position_buckets < 4:

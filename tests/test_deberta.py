@@ -169,8 +169,9 @@ def test_unsupported_configs_name_the_key(tmp_path):
             attnlab.load(tmp_path)
     with pytest.raises(ConfigError, match="disentangled_attention"):
         ModelConfig(disentangled_attention=["c2c"])
-    with pytest.raises(ConfigError, match="disentangled_attention"):
-        ModelConfig(disentangled_attention=["c2p"], causal=True)
+    for bad in (dict(causal=True), dict(num_kv_heads=1)):
+        with pytest.raises(ConfigError, match="disentangled_attention"):
+            ModelConfig(disentangled_attention=["c2p"], **bad)
     with pytest.raises(ConfigError, match="max_relative_positions"):
         ModelConfig(disentangled_attention=["c2p"], position_buckets=256, max_position_embeddings=64)
 
