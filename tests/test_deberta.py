@@ -252,3 +252,24 @@ def test_shipped_deberta_v3_recipe_builds(data_dir):
     assert isinstance(model, Electra) and model.sharing == "gdes" and model_cfg.disentangled_attention
     assert model.generator.config.num_layers * 2 == model_cfg.num_layers
     assert model.generator.config.hidden_size == model_cfg.hidden_size
+
+
+def test_gdes_checkpoint_resumes_with_its_delta(tmp_path):
+    """A Trainer checkpoint of the GDES pair reloads into a fresh pair with E_G, E_Δ and the tied generator
+    head as they were (the fresh pair's zero E_Δ is overwritten, not kept)."""
+    from attnlab.interop.native import load_model_weights
+    from attnlab.training import Trainer, TrainArgs
+    from attnlab.training.checkpoint import list_checkpoints
+    torch.manual_seed(0)
+    build = lambda: Electra(_v3_tiny(), generator_config(_v3_tiny(), divisor=1, depth=0.5), sharing="gdes")  # noqa: E731
+    model = build()
+    args = TrainArgs(output_dir=str(tmp_path / "run"), max_steps=3, lr=1e-2, log_every=3, save_every=3, progress=False)
+    Trainer(model, args, [_batch(i) for i in range(2)], loss_fn=electra_loss).train()
+    again = build()
+    load_model_weights(again, list_checkpoints(tmp_path / "run")[-1] / "model")
+    assert again.discriminator.backbone.embeddings.tok.weight.abs().max() > 0
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert again.generator.mlm.decoder.weight is again.generator.backbone.embeddings.tok.weight
+    ids = _batch(5)["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(again.discriminator(input_ids=ids).logits, model.discriminator(input_ids=ids).logits)
