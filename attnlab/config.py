@@ -115,7 +115,7 @@ class ModelConfig:
     # DeBERTa's disentangled attention (He et al. 2021, §3.1; nn/disentangled.py): besides content-to-content,
     # "c2p" (content-to-position) and/or "p2c" (position-to-content) scores from one shared table of relative
     # position embeddings; [] = off. position_buckets > 0 buckets distances logarithmically beyond
-    # position_buckets/2 up to max_relative_positions (None = max_position_embeddings; DeBERTa-v2 §A.1);
+    # position_buckets/2 up to max_relative_positions (None = max_position_embeddings; He et al. 2021 §5.3);
     # share_att_key projects the position table with the layer's own W_q/W_k (v2); relative_embedding_norm
     # puts a LayerNorm on the table (v2's norm_rel_ebd)
     disentangled_attention: list[str] = field(default_factory=list)

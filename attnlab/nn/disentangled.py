@@ -12,7 +12,7 @@ with K^r = P W_k,r and Q^r = P W_q,r, projections of one table P of 2k relative-
 every layer shares, and the sum is scaled by 1/sqrt((1 + number of position terms) d) (§3.1: one sqrt(d)
 per term keeps the variance of the scores). δ(i, j) = i - j, clamped to [-k, k) and shifted by k to index P.
 
-DeBERTa-v2 (the model card's "improvements", §A.1 of DeBERTa-v3's appendix): distances beyond b/2 (b =
+DeBERTa-v2 (the 1.5B model, He et al. 2021 §5.3: buckets as in T5, position projections shared): distances beyond b/2 (b =
 position_buckets) share log-spaced buckets up to max_relative_positions, so that P has 2b rows whatever the
 sequence length; `share_att_key` projects P with the layer's own W_q, W_k rather than separate matrices;
 a LayerNorm on P (`relative_embedding_norm`).
