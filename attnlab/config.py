@@ -259,7 +259,8 @@ class ModelConfig:
             raise bad("position_buckets", "must be at least 4 (half exact distances, half log-spaced)")
         if self.max_relative_positions is not None and self.max_relative_positions <= 0:
             raise bad("max_relative_positions", "must be a positive integer or null (= max_position_embeddings)")
-        if self.position_buckets and (self.max_relative_positions or self.max_position_embeddings) <= self.position_buckets // 2 + 1:
+        reach = self.max_relative_positions or self.max_position_embeddings
+        if self.position_buckets and reach <= self.position_buckets // 2 + 1:
             # the log buckets span position_buckets/2 .. max_relative_positions - 1 (log of a ratio > 1)
             raise bad("max_relative_positions", f"(or max_position_embeddings when null) must exceed "
                                                 f"position_buckets // 2 + 1 = {self.position_buckets // 2 + 1}")

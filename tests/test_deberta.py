@@ -136,7 +136,8 @@ def test_presets_count_like_transformers():
     for name, sizes in (("deberta-v3-base", (768, 12, 3072)), ("deberta-v3-xsmall", (384, 6, 1536))):
         hidden, heads, inner = sizes
         cfg = dict(V3, vocab_size=128100, hidden_size=hidden, num_hidden_layers=12, num_attention_heads=heads,
-                   intermediate_size=inner, max_position_embeddings=512, position_buckets=256, max_relative_positions=-1)
+                   intermediate_size=inner, max_position_embeddings=512, position_buckets=256,
+                   max_relative_positions=-1)
         with torch.device("meta"):
             ours = attnlab.from_config(preset(name))
             theirs = transformers.DebertaV2Model(transformers.DebertaV2Config(**cfg))
@@ -151,13 +152,15 @@ def test_a_model_built_here_saves_for_transformers(tmp_path):
     torch.manual_seed(0)
     cfg = _v3_tiny(vocab_size=V, extra={"head_pooler": True, "pooler_activation": "gelu", "num_labels": 3})
     ours = randomize(SequenceClassification(cfg))
-    assert ours.backbone.pooler is not None and attnlab.from_config(cfg).pooler is None  # the head's, not the backbone's
+    # the pooler is the head's, not the backbone's
+    assert ours.backbone.pooler is not None and attnlab.from_config(cfg).pooler is None
     attnlab.save(ours, tmp_path)
     theirs = transformers.DebertaV2ForSequenceClassification.from_pretrained(tmp_path).eval()
     inputs, _ = _inputs()
     with torch.no_grad():
         assert (ours(**inputs).logits - theirs(**inputs).logits).abs().max() <= 1e-5
-    assert theirs.config.position_buckets == 8 and theirs.config.share_att_key and not theirs.config.position_biased_input
+    c = theirs.config
+    assert c.position_buckets == 8 and c.share_att_key and not c.position_biased_input
 
 
 def test_unsupported_configs_name_the_key(tmp_path):
@@ -261,7 +264,8 @@ def test_gdes_checkpoint_resumes_with_its_delta(tmp_path):
     from attnlab.training import Trainer, TrainArgs
     from attnlab.training.checkpoint import list_checkpoints
     torch.manual_seed(0)
-    build = lambda: Electra(_v3_tiny(), generator_config(_v3_tiny(), divisor=1, depth=0.5), sharing="gdes")  # noqa: E731
+    def build():
+        return Electra(_v3_tiny(), generator_config(_v3_tiny(), divisor=1, depth=0.5), sharing="gdes")
     model = build()
     args = TrainArgs(output_dir=str(tmp_path / "run"), max_steps=3, lr=1e-2, log_every=3, save_every=3, progress=False)
     Trainer(model, args, [_batch(i) for i in range(2)], loss_fn=electra_loss).train()

@@ -12,8 +12,8 @@ with K^r = P W_k,r and Q^r = P W_q,r, projections of one table P of 2k relative-
 every layer shares, and the sum is scaled by 1/sqrt((1 + number of position terms) d) (§3.1: one sqrt(d)
 per term keeps the variance of the scores). δ(i, j) = i - j, clamped to [-k, k) and shifted by k to index P.
 
-DeBERTa-v2 (the 1.5B model, He et al. 2021 §5.3: buckets as in T5, position projections shared): distances beyond b/2 (b =
-position_buckets) share log-spaced buckets up to max_relative_positions, so that P has 2b rows whatever the
+DeBERTa-v2 (the 1.5B model, He et al. 2021 §5.3: buckets as in T5, position projections shared):
+distances beyond b/2 (b = position_buckets) share log-spaced buckets up to max_relative_positions, so that P has 2b rows whatever the
 sequence length; `share_att_key` projects P with the layer's own W_q, W_k rather than separate matrices;
 a LayerNorm on P (`relative_embedding_norm`).
 
@@ -103,7 +103,8 @@ class DisentangledBias(nn.Module):
         from RelativePositions. Returns (B, H, T, T) scores."""
         b, h, t, d = q.shape
         if k.size(2) != t:
-            raise ValueError("disentangled attention scores a sequence against itself (no KV cache, no cross-attention)")
+            raise ValueError("disentangled attention scores a sequence against itself "
+                             "(no KV cache, no cross-attention)")
         heads = lambda x: x.view(-1, h, d).transpose(0, 1)  # (2k, H d) -> (H, 2k, d)  # noqa: E731
         scores = torch.zeros((), dtype=q.dtype, device=q.device)
         if "c2p" in projected:

@@ -90,7 +90,8 @@ class Electra(nn.Module):
         if self.sharing == "gdes" and getattr(self, "_gdes_hook", None) is None:
             with torch.no_grad():
                 self.discriminator.backbone.embeddings.tok.weight.zero_()  # E_Δ = 0: E_D starts as E_G
-            self._gdes_hook = self.discriminator.backbone.embeddings.tok.register_forward_hook(self._add_generator_embedding)
+            tok = self.discriminator.backbone.embeddings.tok
+            self._gdes_hook = tok.register_forward_hook(self._add_generator_embedding)
 
     def _add_generator_embedding(self, module, args, out):
         """GDES: E_D[ids] = sg(E_G[ids]) + E_Δ[ids]; the stop-gradient keeps RTD gradients out of E_G."""

@@ -134,8 +134,8 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
             mask += f"; local layers see ±{w} tokens"
         visible = min(n, cfg.sliding_window if cfg.causal else 2 * cfg.sliding_window - 1)
     # scores and probabilities are both (heads × n × n): the quadratic part of the memory
-    steps.append(Step(f"scores softmax((QKᵀ{bias})/{root}): ({h}×{n}×{n}){scale}; {mask}" if cfg.disentangled_attention
-                      else f"scores softmax(QKᵀ/{root}{bias}): ({h}×{n}×{n}){scale}; {mask}",
+    formula = f"softmax((QKᵀ{bias})/{root})" if cfg.disentangled_attention else f"softmax(QKᵀ/{root}{bias})"
+    steps.append(Step(f"scores {formula}: ({h}×{n}×{n}){scale}; {mask}",
                       h * _mm(n, dh, n) + 5 * h * n * n, activations=2 * h * n * n))
     steps.append(Step(f"weighted sum of values: ({h}×{n}×{n})@({h}×{n}×{dh}) -> ({h}×{n}×{dh})", h * _mm(n, n, dh),
                       activations=h * n * dh))
@@ -189,7 +189,8 @@ def _disentangled_steps(cfg: ModelConfig, n: int) -> list[Step]:
         w = table[0].lower()
         own = f"the layer's own W_{w}" if cfg.share_att_key else f"W_{w},r"
         params = 0 if cfg.share_att_key else d * h * dh + h * dh
-        steps.append(Step(f"{kind}: project the {k2}-row position table to {table} ({own}): ({k2}×{d})@({d}×{h * dh}); "
+        steps.append(Step(f"{kind}: project the {k2}-row position table to {table} ({own}): "
+                          f"({k2}×{d})@({d}×{h * dh}); "
                           f"{against}{table}ᵀ ({h}×{n}×{k2}), each (i, j) reads column δ(i, j)",
                           _mm(k2, d, h * dh) + h * _mm(n, dh, k2), params, k2 * h * dh + 2 * h * n * k2))
     return steps
