@@ -116,6 +116,17 @@ class ModelConfig:
     experts_top_k: int = 2
     router_aux_loss_coef: float = 0.0   # load-balancing loss weight in training (Fedus et al. 2021, eq. 4)
     router_z_loss_coef: float = 0.0     # router z-loss weight (Zoph et al. 2022, ST-MoE eq. 5); 0 = off
+    # DeBERTa's disentangled attention (He et al. 2021, §3.1; nn/disentangled.py): besides content-to-content,
+    # "c2p" (content-to-position) and/or "p2c" (position-to-content) scores from one shared table of relative
+    # position embeddings; [] = off. position_buckets > 0 buckets distances logarithmically beyond
+    # position_buckets/2 up to max_relative_positions (None = max_position_embeddings; He et al. 2021 §5.3);
+    # share_att_key projects the position table with the layer's own W_q/W_k (v2); relative_embedding_norm
+    # puts a LayerNorm on the table (v2's norm_rel_ebd)
+    disentangled_attention: list[str] = field(default_factory=list)
+    position_buckets: int = 0
+    max_relative_positions: int | None = None
+    share_att_key: bool = False
+    relative_embedding_norm: bool = False
 
     # --- numbers
     norm_eps: float = 1e-12
@@ -158,6 +169,13 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """Dimensions per head that RoPE rotates (the first ones); the rest pass through (GPT-NeoX)."""
         return int(self.dim_head * self.rotary_fraction)
+
+    @property
+    def relative_span(self) -> int:
+        """DeBERTa: k, the largest relative distance (or bucket) told apart; the table has 2k rows."""
+        if self.position_buckets > 0:
+            return self.position_buckets
+        return self.max_relative_positions or self.max_position_embeddings
 
     @property
     def is_glu(self) -> bool:
@@ -240,6 +258,24 @@ class ModelConfig:
                                         "relative position bias")
         if self.global_attention and self.kv_heads != self.num_heads:
             raise bad("global_attention", "needs num_kv_heads = num_heads (Longformer's global projections are per head)")
+        if any(t not in ("c2p", "p2c") for t in self.disentangled_attention) or \
+                len(set(self.disentangled_attention)) != len(self.disentangled_attention):
+            raise bad("disentangled_attention", "must list each of 'c2p', 'p2c' at most once")
+        if self.disentangled_attention and (self.causal or self.attention_kind != "softmax" or self.global_attention
+                                            or self.kv_heads != self.num_heads):
+            raise bad("disentangled_attention", "is for a bidirectional softmax encoder with one key head per query "
+                                                "head (not causal, linear, global or GQA)")
+        if self.position_buckets < 0:
+            raise bad("position_buckets", "must be 0 (no buckets) or a positive integer")
+        if self.position_buckets and self.position_buckets < 4:
+            raise bad("position_buckets", "must be at least 4 (half exact distances, half log-spaced)")
+        if self.max_relative_positions is not None and self.max_relative_positions <= 0:
+            raise bad("max_relative_positions", "must be a positive integer or null (= max_position_embeddings)")
+        reach = self.max_relative_positions or self.max_position_embeddings
+        if self.position_buckets and reach <= self.position_buckets // 2 + 1:
+            # the log buckets span position_buckets/2 .. max_relative_positions - 1 (log of a ratio > 1)
+            raise bad("max_relative_positions", f"(or max_position_embeddings when null) must exceed "
+                                                f"position_buckets // 2 + 1 = {self.position_buckets // 2 + 1}")
         if self.parallel_residual and self.norm_placement != "pre":
             raise bad("parallel_residual", "needs norm_placement='pre' (both sublayers read the block's input)")
 
@@ -293,6 +329,14 @@ _BART = dict(model_type="bart", vocab_size=50265, max_position_embeddings=1026, 
              norm_placement="post", activation="gelu", embedding_norm=True, scale_embeddings=False, pooler=False,
              norm_eps=1e-5, dropout=0.1, attention_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
 _BART_EXTRA = dict(decoder_start_token_id=2, position_offset=2, pad_aware_positions=False, final_logits_bias=True)
+# DeBERTa-v3 (He et al. 2023; sizes of the released checkpoints): BERT's post-LN encoder with disentangled
+# attention (c2p + p2c, He et al. 2021 §3.1) over 2 x 256 log-bucketed relative positions up to 512, position
+# keys through each layer's own W_q/W_k, a LayerNorm on the position table, no absolute positions in the input,
+# 128k SentencePiece vocabulary; the classifier's pooler (GELU) belongs to the head.
+_DEBERTA_V3 = dict(model_type="deberta-v2", vocab_size=128100, type_vocab_size=0, position="none", norm_eps=1e-7,
+                   pooler=False, disentangled_attention=["p2c", "c2p"], position_buckets=256, share_att_key=True,
+                   relative_embedding_norm=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                   extra={"head_pooler": True, "pooler_activation": "gelu"})
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base": dict(_BERT),
     "bert-large": dict(_BERT, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -331,6 +375,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bigbird-base": dict(model_type="big_bird", vocab_size=50358, max_position_embeddings=4096, activation="gelu_tanh",
                          attention_kind="block_sparse", sparse_block_size=64, num_random_blocks=3, pad_token_id=0,
                          bos_token_id=1, eos_token_id=2, extra={"sep_token_id": 66}),
+    "deberta-v3-base": dict(_DEBERTA_V3),
+    "deberta-v3-xsmall": dict(_DEBERTA_V3, hidden_size=384, num_heads=6, intermediate_size=1536),
     # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
     # The original Transformer, base model (Vaswani et al. 2017, Table 3): post-LN, sinusoidal positions added
     # to embeddings scaled by sqrt(d_model) (§3.4-3.5), ReLU FFN (§3.3), residual dropout 0.1 (§5.4), one

@@ -56,7 +56,10 @@ class _WithBackbone(Model):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.backbone = Encoder(config if self.reads_pooler(config) else replace(config, pooler=False))
+        # extra.head_pooler: the pooler belongs to the classification head, not the backbone (DeBERTa:
+        # DebertaV2Model has none, DebertaV2ForSequenceClassification has a ContextPooler)
+        pooled = self.reads_pooler(config) and (config.pooler or bool(config.extra.get("head_pooler")))
+        self.backbone = Encoder(config if pooled == config.pooler else replace(config, pooler=pooled))
 
     @classmethod
     def reads_pooler(cls, config: ModelConfig) -> bool:

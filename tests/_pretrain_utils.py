@@ -49,3 +49,16 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def train_losses(model, loss_fn, batches: list, steps: int, lr: float = 3e-3) -> tuple[list[float], dict]:
+    """AdamW steps over `batches` in turn: the losses and the last step's sums (loss_fn -> (loss, sums))."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, sums = [], {}
+    for step in range(steps):
+        loss, sums = loss_fn(model, batches[step % len(batches)])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, sums

@@ -15,7 +15,7 @@ from attnlab.objectives.electra import Electra, electra_collate, electra_loss, e
 from attnlab.objectives.mlm import IGNORE, Vocab
 from attnlab.training import Trainer, TrainArgs
 
-from _pretrain_utils import one_thread
+from _pretrain_utils import one_thread, train_losses
 
 REPO = Path(__file__).resolve().parents[1]
 V = 40
@@ -70,15 +70,7 @@ def test_electra_replaced_labels_and_loss_decreases():
     original = torch.where(chosen, batch["labels"], batch["input_ids"])
     assert (out["corrupted"][~chosen] == original[~chosen]).all()
     assert torch.equal(out["replaced"], (out["corrupted"] != original).long())  # a sample equal to the original is "original"
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    fixed = [_batch(np.random.default_rng(i)) for i in range(4)]
-    losses = []
-    for step in range(16):
-        loss, sums = electra_loss(model, fixed[step % 4])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses, sums = train_losses(model, electra_loss, [_batch(np.random.default_rng(i)) for i in range(4)], 16)
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
     metrics = electra_metrics({k: v.item() for k, v in sums.items()})
     assert set(metrics) >= {"loss", "mlm_loss", "rtd_loss", "rtd_accuracy", "replaced_fraction"}

@@ -20,6 +20,9 @@ CONFIGS = {
     "t5-bias": dict(position="relative_bias", attention_scale=1.0, activation="relu"),
     "modernbert-like": dict(sliding_window=16, extra={"global_every": 3}, activation="geglu", bias=False,
                             norm_placement="pre"),
+    "deberta": dict(position="none", disentangled_attention=["p2c", "c2p"], position_buckets=32, share_att_key=False),
+    "deberta-v3": dict(position="none", disentangled_attention=["p2c", "c2p"], position_buckets=32, share_att_key=True,
+                       relative_embedding_norm=True),
 }
 
 

@@ -82,7 +82,9 @@ def test_neuron_view_numbers_are_softmax_of_qk(minilm_pair):
     dict(causal=True, position="rope", num_kv_heads=1, norm="rmsnorm", norm_placement="pre"),
     dict(position="relative_bias", attention_scale=1.0),
     dict(sliding_window=3, extra={"global_every": 2}),
-], ids=["causal", "rope-gqa", "t5-bias", "local-global"])
+    dict(position="none", disentangled_attention=["c2p", "p2c"], position_buckets=4, share_att_key=True,
+         relative_embedding_norm=True),
+], ids=["causal", "rope-gqa", "t5-bias", "local-global", "deberta"])
 def test_neuron_view_all_variants(overrides):
     model = tiny(**overrides)
     ids = torch.randint(0, 100, (1, 9), generator=torch.Generator().manual_seed(1))

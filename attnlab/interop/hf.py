@@ -24,17 +24,18 @@ from .registry import FAMILIES, Family, Row, family_of
 # there, under the file's own names); null is always allowed (HF writes it for "unset").
 HF_KEY_TYPES = {
     **dict.fromkeys(("activation", "activation_function", "classifier_activation", "feed_forward_proj", "hidden_act",
-                     "hidden_activation", "position_embedding_type"), "str"),
+                     "hidden_activation", "position_embedding_type", "pooler_hidden_act", "norm_rel_ebd"), "str"),
     **dict.fromkeys(("add_cross_attention", "attention_bias", "decoder_bias", "is_decoder", "mlp_bias",
                      "scale_attn_weights", "scale_decoder_outputs", "tie_word_embeddings", "scale_attn_by_inverse_layer_idx",
-                     "reorder_and_upcast_attn"), "bool"),
+                     "reorder_and_upcast_attn", "relative_attention", "share_att_key", "position_biased_input"), "bool"),
     **dict.fromkeys(("embedding_size", "global_attn_every_n_layers", "local_attention", "n_embd", "n_inner",
                      "n_layer", "n_head", "n_positions", "n_ctx", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "num_layers", "num_heads", "hidden_size", "intermediate_size", "d_model",
                      "d_ff", "d_kv", "dim", "hidden_dim", "n_layers", "n_heads", "head_dim", "vocab_size",
                      "max_position_embeddings", "type_vocab_size", "pretraining_tp", "pad_token_id", "bos_token_id",
                      "eos_token_id", "decoder_start_token_id", "num_decoder_layers", "relative_attention_num_buckets",
-                     "relative_attention_max_distance"), "int"),
+                     "relative_attention_max_distance", "position_buckets", "max_relative_positions",
+                     "conv_kernel_size", "attention_head_size"), "int"),
     **dict.fromkeys(("dropout_rate", "global_rope_theta", "local_rope_theta", "rope_theta", "layer_norm_eps",
                      "layer_norm_epsilon", "rms_norm_eps", "norm_eps", "initializer_range", "attention_dropout",
                      "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attn_pdrop", "resid_pdrop",
@@ -168,7 +169,14 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                classifier_pooling=cfg.classifier_pooling,  # a mean-pooling head would load as [CLS] + pooler
                num_experts=cfg.num_experts, experts_top_k=cfg.experts_top_k if cfg.num_experts else None,
                attention_kind=cfg.attention_kind,  # no HF family has linear attention
-               global_attention=cfg.global_attention)
+               global_attention=cfg.global_attention,
+               disentangled_attention=sorted(cfg.disentangled_attention), share_att_key=cfg.share_att_key,
+               relative_embedding_norm=cfg.relative_embedding_norm,
+               pooler_activation=cfg.extra.get("pooler_activation", "tanh"))
+    if cfg.disentangled_attention:
+        sig["relative_span"] = cfg.relative_span
+        sig["position_buckets"] = cfg.position_buckets
+        sig["max_relative_positions"] = cfg.max_relative_positions or cfg.max_position_embeddings
     if cfg.attention_kind == "block_sparse":
         sig.update(sparse_block_size=cfg.sparse_block_size, num_random_blocks=cfg.num_random_blocks)
     if cfg.position in ("learned", "sinusoidal"):

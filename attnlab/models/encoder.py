@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..nn.disentangled import RelativePositions
+from ..nn.feedforward import activation_fn
 from ..nn.moe import collect_router_logits, load_balancing_loss, router_z_loss
 from ..nn.varlen import Varlen
 from ..nn import AttentionMask, Block, Embeddings, RelativePositionBias, RotaryEmbedding, make_norm
@@ -17,14 +19,17 @@ from .base import Model, ModelOutput
 
 
 class Pooler(nn.Module):
-    """BERT's pooler: tanh(W h_[CLS] + b), the sentence vector the NSP head reads (§3.1)."""
+    """BERT's pooler: tanh(W h_[CLS] + b), the sentence vector the NSP head reads (§3.1). DeBERTa's
+    ContextPooler is the same with GELU after a dropout (config.extra pooler_activation, pooler_dropout)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation_fn(config.extra.get("pooler_activation") or "tanh")
+        self.dropout = nn.Dropout(float(config.extra.get("pooler_dropout") or 0.0))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))
+        return self.act(self.dense(self.dropout(hidden[:, 0])))
 
 
 class Encoder(Model):
@@ -48,6 +53,8 @@ class Encoder(Model):
         self.relative_bias = RelativePositionBias(
             config.num_heads, config.relative_num_buckets, config.relative_max_distance,
             bidirectional=not config.causal) if config.position == "relative_bias" else None
+        # DeBERTa: one table of relative-position embeddings for every layer's c2p / p2c scores (He et al. 2021)
+        self.rel_positions = RelativePositions(config) if config.disentangled_attention else None
         if config.share_layers:  # ALBERT: one block applied num_layers times (Lan et al. 2020, §3.1)
             block = Block(config)
             self.layers = nn.ModuleList([block] * config.num_layers)
@@ -140,6 +147,7 @@ class Encoder(Model):
         rope = self.rope(position_ids) if self.rope is not None else None
         local_rope = self.local_rope(position_ids) if self.local_rope is not None else rope
         bias = self.relative_bias(t, offset + t, offset) if self.relative_bias is not None else None
+        positions = self.rel_positions(t, device) if self.rel_positions is not None else None
 
         hidden_states, attentions = [repad(x)] if output_hidden_states else None, [] if output_attentions else None
         key_start = getattr(past_key_values, "key_start", None)  # a rolling (sliding-window) KV cache
@@ -150,7 +158,8 @@ class Encoder(Model):
                 # the cache returns keys from absolute position key_start(i) on: drop the columns before it
                 layer_mask = AttentionMask(layer_mask.allowed[..., key_start(i):], layer_mask.is_causal)
             x, (w, _) = layer(x, layer_mask, rope=local_rope if is_local else rope, bias=bias,
-                              cache=past_key_values, layer_idx=i, need_weights=output_attentions, varlen=varlen)
+                              cache=past_key_values, layer_idx=i, need_weights=output_attentions, varlen=varlen,
+                              positions=positions)
             if output_hidden_states:
                 hidden_states.append(repad(x))
             if output_attentions:

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .block_sparse import block_sparse_attention, dense_attention, draw_random_blocks, token_counts, uses_blocks
+from .disentangled import DisentangledBias
 from .flash import tiled_attention
 from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
 from .positions import apply_rotary
@@ -235,7 +236,9 @@ class Attention(nn.Module):
             self.q_global, self.k_global, self.v_global = (
                 nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias) for _ in range(3))
         self.global_attention = config.global_attention and not cross
-        self.scale = config.attention_scale
+        # DeBERTa: c2p / p2c scores from relative positions, added to Q Kᵀ (nn/disentangled.py)
+        self.rel = DisentangledBias(config) if config.disentangled_attention and not cross else None
+        self.scale = config.attention_scale if config.attention_scale is not None or self.rel is None else self.rel.scale
         self.dropout = config.attention_dropout
         self.explicit = config.attn_implementation == "eager"
         self.tiled = config.attn_implementation == "tiled"
@@ -290,7 +293,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, mask: AttentionMask | None = None, *,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, bias: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, cache: KVCacheLike | None = None, layer_idx: int = 0,
-                need_weights: bool = False, varlen: Varlen | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                need_weights: bool = False, varlen: Varlen | None = None,
+                positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """positions: DeBERTa's (relative-position table, index) from the Encoder, for disentangled attention."""
+        if self.rel is not None:
+            if positions is None or cache is not None:
+                raise ValueError("disentangled attention needs the encoder's relative positions and no KV cache")
+            projected = self.rel.project(positions, self.q, self.k)
         if varlen is not None:
             # x is (N, d), real tokens only: project them, then attend in the padded (B, T) layout
             b, t = varlen.batch, varlen.seq_len
@@ -306,6 +315,9 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rel is not None:
+            rel = self.rel(q, k, projected, positions[1])
+            bias = rel if bias is None else bias + rel
         if self.linear:
             out, weights = self._linear(q, k, v, mask, cache, layer_idx, need_weights)
         elif self.block_sparse and cache is None and uses_blocks(t, self.sparse_block, self.num_random):

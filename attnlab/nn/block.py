@@ -37,14 +37,14 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, mask: AttentionMask | None = None, *, rope=None, bias=None,
                 memory: torch.Tensor | None = None, memory_mask: AttentionMask | None = None,
                 cross_bias: torch.Tensor | None = None, cache=None, cross_cache=None, layer_idx: int = 0,
-                need_weights: bool = False, varlen=None) -> tuple[torch.Tensor, tuple]:
+                need_weights: bool = False, varlen=None, positions=None) -> tuple[torch.Tensor, tuple]:
         if self.parallel:  # GPT-J / GPT-NeoX: both sublayers read the same input, x + attn(LN1 x) + ffn(LN2 x)
             h, w_self = self.attn(self.attn_norm(x), mask, rope=rope, bias=bias, cache=cache, layer_idx=layer_idx,
-                                  need_weights=need_weights, varlen=varlen)
+                                  need_weights=need_weights, varlen=varlen, positions=positions)
             return x + self.dropout(h) + self.dropout(self.ffn(self.ffn_norm(x))), (w_self, None)
         x, w_self = self._residual(x, self.attn_norm, lambda h: self.attn(
             h, mask, rope=rope, bias=bias, cache=cache, layer_idx=layer_idx, need_weights=need_weights,
-            varlen=varlen))
+            varlen=varlen, positions=positions))
         w_cross = None
         if self.cross_attn is not None:
             x, w_cross = self._residual(x, self.cross_norm, lambda h: self.cross_attn(

@@ -19,6 +19,7 @@ def activation_fn(name: str):
         "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # T5 v1.1's "gated-gelu" (gelu_new)
         "swiglu": F.silu,
         "leaky_relu": F.leaky_relu,                           # slope 0.01 below zero, as torch / transformers
+        "tanh": torch.tanh,                                   # BERT's pooler
     }[name]
 
 

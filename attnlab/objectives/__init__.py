@@ -26,6 +26,12 @@ class ObjectiveConfig:
     sparse_prediction: bool = True   # run the MLM head on the chosen positions only
     short_seq_prob: float = 0.1      # NSP/SOP: share of pairs built to a random shorter length
     random_windows: bool = False     # CLM: windows at random offsets (nanoGPT) instead of a shuffled tiling
+    # electra: the generator's width divisor and depth fraction (ELECTRA §3.2: 1/4 width; DeBERTa-v3: same
+    # width, half depth), and how it shares the token embeddings: "shared" (ELECTRA) or "gdes" (DeBERTa-v3's
+    # gradient-disentangled sharing, He et al. 2023 §3.2)
+    generator_divisor: int = 4
+    generator_depth: float = 1.0
+    embedding_sharing: str = "shared"
     # denoise (BART, Lewis et al. 2019 §2.2): shares of tokens masked / deleted / infilled in Poisson spans,
     # probabilities of sentence permutation and document rotation; default: BART-large's infilling + permutation
     noise_mask: float = 0.0
@@ -44,6 +50,11 @@ class ObjectiveConfig:
             raise ValueError(f"objective.short_seq_prob={self.short_seq_prob}: must lie in [0, 1]")
         if self.kind == "denoise":
             self.noise().validate()
+        if self.embedding_sharing not in ("shared", "gdes"):
+            raise ValueError(f"objective.embedding_sharing={self.embedding_sharing!r}: expected shared or gdes")
+        if self.generator_divisor < 1 or not 0 < self.generator_depth <= 1:
+            raise ValueError(f"objective.generator_divisor={self.generator_divisor} must be >= 1 and "
+                             f"objective.generator_depth={self.generator_depth} must lie in (0, 1]")
 
     def noise(self):
         from .denoise import NoiseConfig
@@ -84,8 +95,11 @@ def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
         from . import electra
         blocks = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
         collate = partial(electra.electra_collate, vocab=vocab, prob=cfg.mask_prob, pad_id=tokenizer.pad_token_id or 0)
+        def build(config):  # the generator and the embedding sharing of the recipe
+            gen = electra.generator_config(config, cfg.generator_divisor, cfg.generator_depth)
+            return electra.Electra(config, gen, sharing=cfg.embedding_sharing)
         return Objective(cfg.kind, lambda shards, rng: blocks(shards, rng=rng), lambda ex, rng: collate(ex, rng=rng),
-                         electra.electra_loss, electra.electra_metrics, electra.Electra)
+                         electra.electra_loss, electra.electra_metrics, build)
     if cfg.kind == "mlm":
         examples = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
         model_class = MaskedLM

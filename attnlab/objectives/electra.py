@@ -12,6 +12,11 @@ efficiency comes from (§3). Details that matter:
 - samples are drawn from the generator's softmax and not back-propagated through (§2: "we do not
   back-propagate the discriminator loss through the generator");
 - a sampled token equal to the original counts as original (§2).
+DeBERTa-v3 (He et al. 2023, §3-4) keeps the objective but changes the sharing: with `sharing="gdes"`
+(gradient-disentangled embedding sharing) the discriminator reads E_D = sg(E_G) + E_Δ, so the RTD loss moves
+only E_Δ (zeros at the start) and the generator's MLM loss alone shapes E_G: the two losses no longer pull
+the one table in opposite directions ("tug-of-war", §3.2). Its generator has the discriminator's width and
+half its depth (`generator_config(cfg, divisor=1, depth=0.5)`); the exported discriminator holds E_G + E_Δ.
 Masking reuses BERT's `mask_tokens` with ELECTRA's rates: chosen positions get [MASK] 85% of the time and
 stay unchanged otherwise (no random replacement; the released ELECTRA code's `mask`).
 
@@ -39,13 +44,15 @@ from .mlm import IGNORE, Vocab, mask_tokens
 SHARED_EMBEDDINGS = ("tok", "pos", "seg", "norm")  # the embedding project (E -> H) stays per network
 
 
-def generator_config(discriminator: ModelConfig, divisor: int = 4) -> ModelConfig:
-    """The generator: the discriminator's depth and embeddings, 1/divisor of its width (§3.2)."""
+def generator_config(discriminator: ModelConfig, divisor: int = 4, depth: float = 1.0) -> ModelConfig:
+    """The generator: the discriminator's embeddings, 1/divisor of its width (§3.2) and `depth` times its
+    layers (DeBERTa-v3: divisor 1, depth 0.5)."""
     heads = max(1, discriminator.num_heads // divisor)
     hidden = max(heads, discriminator.hidden_size // divisor)
     hidden -= hidden % heads
     return replace(discriminator, hidden_size=hidden, num_heads=heads, num_kv_heads=None, head_dim=None,
                    intermediate_size=max(1, discriminator.intermediate_size // divisor),
+                   num_layers=max(1, round(discriminator.num_layers * depth)),
                    embedding_size=discriminator.emb_size, pooler=False, extra=dict(discriminator.extra))
 
 
@@ -56,8 +63,11 @@ class Electra(nn.Module):
     hf_architecture = ""  # a pair of models: checkpoints use attnlab's own tensor names
 
     def __init__(self, config: ModelConfig, generator: ModelConfig | None = None, rtd_weight: float = 50.0,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, sharing: str = "shared") -> None:
         super().__init__()
+        if sharing not in ("shared", "gdes"):
+            raise ValueError(f"objective.embedding_sharing={sharing!r}: expected shared or gdes")
+        self.sharing = sharing
         config = replace(config, pooler=False, extra=dict(config.extra))
         self.discriminator = ReplacedTokenDetection(config)
         self.generator = MaskedLM(generator or generator_config(config))
@@ -73,13 +83,40 @@ class Electra(nn.Module):
 
     def tie_weights(self) -> None:
         for name in SHARED_EMBEDDINGS:
+            if name == "tok" and self.sharing == "gdes":
+                continue  # the generator keeps E_G; the discriminator's own table is E_Δ
             setattr(self.generator.backbone.embeddings, name, getattr(self.discriminator.backbone.embeddings, name))
         self.generator.tie_weights()
+        if self.sharing == "gdes" and getattr(self, "_gdes_hook", None) is None:
+            with torch.no_grad():
+                self.discriminator.backbone.embeddings.tok.weight.zero_()  # E_Δ = 0: E_D starts as E_G
+            tok = self.discriminator.backbone.embeddings.tok
+            self._gdes_hook = tok.register_forward_hook(self._add_generator_embedding)
+
+    def _add_generator_embedding(self, module, args, out):
+        """GDES: E_D[ids] = sg(E_G[ids]) + E_Δ[ids]; the stop-gradient keeps RTD gradients out of E_G."""
+        return out + self.generator.backbone.embeddings.tok(args[0]).detach()
 
     def save(self, path) -> Path:
+        """The discriminator (ElectraForPreTraining, or attnlab's own layout where the family has no RTD class)
+        in path, the generator in path/generator. Under GDES the discriminator is written with E_G + E_Δ."""
+        from ..interop.native import save_model
         path = Path(path)
-        self.discriminator.save(path)
-        self.generator.save(path / "generator")
+        if self.sharing != "gdes":
+            save_model(self.discriminator, path)
+        else:
+            tok = self.discriminator.backbone.embeddings.tok
+            delta = tok.weight.detach().clone()
+            self._gdes_hook.remove()
+            try:
+                with torch.no_grad():
+                    tok.weight.add_(self.generator.backbone.embeddings.tok.weight)
+                save_model(self.discriminator, path)
+            finally:
+                with torch.no_grad():
+                    tok.weight.copy_(delta)
+                self._gdes_hook = tok.register_forward_hook(self._add_generator_embedding)
+        save_model(self.generator, path / "generator")
         return path
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -88,10 +125,12 @@ class Electra(nn.Module):
         sd = dict(state_dict)
         for key in list(sd):
             parts = key.split(".")
-            if key.startswith("discriminator.backbone.embeddings.") and parts[3] in SHARED_EMBEDDINGS:
+            if key.startswith("discriminator.backbone.embeddings.") and parts[3] in SHARED_EMBEDDINGS \
+                    and not (parts[3] == "tok" and self.sharing == "gdes"):
                 sd.setdefault("generator" + key[len("discriminator"):], sd[key])
-        if "discriminator.backbone.embeddings.tok.weight" in sd and self.generator.config.tie_word_embeddings:
-            sd.setdefault("generator.mlm.decoder.weight", sd["discriminator.backbone.embeddings.tok.weight"])
+        owner = "generator" if self.sharing == "gdes" else "discriminator"  # whose table the generator predicts with
+        if f"{owner}.backbone.embeddings.tok.weight" in sd and self.generator.config.tie_word_embeddings:
+            sd.setdefault("generator.mlm.decoder.weight", sd[f"{owner}.backbone.embeddings.tok.weight"])
         return super().load_state_dict(sd, strict, assign)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None,

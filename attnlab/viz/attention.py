@@ -180,10 +180,13 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     data = AttentionData(
         tokens=list(tokens), layers=list(out.attentions), causal=bool(cfg.causal),
         segments=token_type_ids[0].tolist() if token_type_ids is not None and int(token_type_ids.max()) > 0 else None,
-        scale=cfg.attention_scale if cfg.attention_scale is not None else dh ** -0.5, title=title)
+        # DeBERTa's content scale is 1/sqrt((1 + n) d_k): the scale attention itself uses
+        scale=next((s for s in (cfg.attention_scale, backbone.layers[0].attn.scale) if s is not None), dh ** -0.5),
+        title=title)
     position_ids = torch.arange(t, device=device)[None]
     rope = backbone.rope(position_ids) if getattr(backbone, "rope", None) is not None else None
     rel = getattr(backbone, "relative_bias", None)
+    positions = backbone.rel_positions(t, device) if getattr(backbone, "rel_positions", None) is not None else None
     for i in layers_for_neuron:
         q = caught[(i, "q")].view(1, t, h, dh).transpose(1, 2)
         k = caught[(i, "k")].view(1, t, cfg.kv_heads, dh).transpose(1, 2)
@@ -194,6 +197,9 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
         data.queries[i], data.keys[i] = q[0].float().cpu(), k[0].float().cpu()
         if rel is not None:
             data.bias[i] = rel(t, t)[0].float().cpu()
+        if positions is not None:  # DeBERTa: c2p + p2c enter the neuron view as the bias they are to q·k
+            attn = backbone.layers[i].attn
+            data.bias[i] = attn.rel(q, k, attn.rel.project(positions, attn.q, attn.k), positions[1])[0].float().cpu()
         mask = AttentionMask.build(None, t, t, causal=cfg.causal, device=device,
                                    window=cfg.sliding_window if _is_local(backbone, i) else None)
         if mask.allowed is not None:

@@ -59,9 +59,10 @@ def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
         return _seq2seq_breakdown(model)
     backbone = getattr(model, "backbone", model)
     rows: list[tuple[str, int]] = [("embeddings" + _factorized(backbone), count(backbone.embeddings))]
-    for extra in ("rope", "relative_bias"):
+    for extra, label in (("rope", "rope"), ("relative_bias", "relative bias"),
+                         ("rel_positions", "relative-position table (DeBERTa, shared by all layers)")):
         if count(getattr(backbone, extra, None)):
-            rows.append((extra.replace("_", " "), count(getattr(backbone, extra))))
+            rows.append((label, count(getattr(backbone, extra))))
     layers = list(backbone.layers)
     if layers:
         first = layers[0]
@@ -117,6 +118,11 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
                           activations=n * (h + hk) * dh))
     scale = "" if cfg.attention_scale is None else f" (scale {cfg.attention_scale:g} instead of 1/√{dh})"
     bias = " + relative position bias" if cfg.position == "relative_bias" else ""
+    root = f"√{dh}"
+    if cfg.disentangled_attention:
+        steps += _disentangled_steps(cfg, n)
+        bias = "".join(f" + {kind}" for kind in cfg.disentangled_attention)
+        root = f"√({1 + len(cfg.disentangled_attention)}·{dh})"
     visible = n
     mask = "causal mask: each token sees itself and earlier tokens" if cfg.causal else "every token sees every token"
     if cfg.sliding_window and local is not False:
@@ -128,7 +134,8 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
             mask += f"; local layers see ±{w} tokens"
         visible = min(n, cfg.sliding_window if cfg.causal else 2 * cfg.sliding_window - 1)
     # scores and probabilities are both (heads × n × n): the quadratic part of the memory
-    steps.append(Step(f"scores softmax(QKᵀ/√{dh}{bias}): ({h}×{n}×{n}){scale}; {mask}",
+    formula = f"softmax((QKᵀ{bias})/{root})" if cfg.disentangled_attention else f"softmax(QKᵀ/{root}{bias})"
+    steps.append(Step(f"scores {formula}: ({h}×{n}×{n}){scale}; {mask}",
                       h * _mm(n, dh, n) + 5 * h * n * n, activations=2 * h * n * n))
     steps.append(Step(f"weighted sum of values: ({h}×{n}×{n})@({h}×{n}×{dh}) -> ({h}×{n}×{dh})", h * _mm(n, n, dh),
                       activations=h * n * dh))
@@ -168,6 +175,24 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
         steps.append(Step(f"pre-norm: x + FFN({norm}(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     if visible < n:  # a local layer only computes the band of the score matrix it keeps
         steps.append(Step(f"(a local layer needs only {visible} of {n} scores per query)"))
+    return steps
+
+
+def _disentangled_steps(cfg: ModelConfig, n: int) -> list[Step]:
+    """DeBERTa (He et al. 2021, §3.1): the shared table P of 2k relative positions projected to K_r / Q_r, then
+    content-to-position Q K_rᵀ and position-to-content K Q_rᵀ, each read at δ(i, j) for every (i, j)."""
+    d, h, dh, k2 = cfg.hidden_size, cfg.num_heads, cfg.dim_head, 2 * cfg.relative_span
+    steps = []
+    for kind, (table, against) in (("c2p", ("K_r", "Q")), ("p2c", ("Q_r", "K"))):
+        if kind not in cfg.disentangled_attention:
+            continue
+        w = table[0].lower()
+        own = f"the layer's own W_{w}" if cfg.share_att_key else f"W_{w},r"
+        params = 0 if cfg.share_att_key else d * h * dh + h * dh
+        steps.append(Step(f"{kind}: project the {k2}-row position table to {table} ({own}): "
+                          f"({k2}×{d})@({d}×{h * dh}); "
+                          f"{against}{table}ᵀ ({h}×{n}×{k2}), each (i, j) reads column δ(i, j)",
+                          _mm(k2, d, h * dh) + h * _mm(n, dh, k2), params, k2 * h * dh + 2 * h * n * k2))
     return steps
 
 
@@ -222,7 +247,8 @@ def describe(model: nn.Module, seq_len: int = 128, title: str = "", walkthrough:
         if value is not None:
             lines.append(f"  {key:<24} {value}")
     for key, default in (("attention_scale", None), ("qkv_bias", None), ("rotary_fraction", 1.0),
-                         ("parallel_residual", False)):  # shown only where a family sets them
+                         ("parallel_residual", False), ("disentangled_attention", []), ("position_buckets", 0),
+                         ("max_relative_positions", None), ("share_att_key", False)):  # shown only where set
         if getattr(cfg, key) != default:
             lines.append(f"  {key:<24} {getattr(cfg, key)}")
     lines.append("parameters per component:")
