@@ -250,6 +250,9 @@ def distill_narrow_student() -> None:
          "--epochs", "8", "--lr", "3e-4", "--batch-size", "8", "--no-progress"])
     print("\nattnlab evaluate sst2: the student on the 10 held-out sentences")
     cli(["evaluate", "sst2", "--model", str(OUT / "sentiment-tinybert"), "--data", str(data / "sentiment-valid.tsv")])
+    print("(the student has 2 random 192-wide layers: 40 sentences teach them the mechanics, not sentiment, so expect "
+          "chance here; with 16,000 SST-2 sentences of the teacher's soft targets such students keep 90-95% of "
+          "its accuracy at 1/3 of its parameters: README, 'Distillation')")
 
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,

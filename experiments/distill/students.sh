@@ -7,6 +7,7 @@
 #   minilm     192 wide, 12 heads: last-layer attention KL + value relation + soft targets; same init; lr 3e-4
 #   distilbert 384 wide: teacher layers 0,2,4 copied; soft targets (T=2, x5) + hidden cosine; lr 1e-4
 # Each runs on one thread at nice 10, the three side by side; /usr/bin/time -v gives CPU seconds.
+# RESULTS.md measures the step-500 checkpoints (end of epoch 1): the shared machine left too little time for 2.
 set -e
 OUT=${OUT:-/work/runs/distill}
 N=${N:-16000}
