@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="prepared corpus directory (attnlab prepare; holds tokenizer/)")
     p.add_argument("--task", choices=TASK_NAMES, help="distil a fine-tuned teacher on this task's data instead "
                                                       f"({', '.join(TASK_NAMES)})")
-    p.add_argument("--student-layers", type=int, required=True, help="student depth (initialised from every other teacher layer)")
+    p.add_argument("--student-layers", type=int, required=True,
+                   help="student depth (distilbert: initialised from every other teacher layer)")
     p.add_argument("--output", required=True, help="run directory: metrics.jsonl, checkpoints/step-N/model")
     p.add_argument("--layout", choices=("same", "distilbert"), default="same",
                    help="student layout: the teacher's family, or DistilBERT's (no token types, no pooler)")
@@ -63,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--style", choices=sorted(STYLES), default="distilbert",
                    help="each paper's mix of loss terms (the --alpha-* and --temperature options override it): "
                         + "; ".join(f"{k}: " + ", ".join(f"{n}={v}" for n, v in w.items()) for k, w in STYLES.items()))
-    p.add_argument("--student-width", type=int, help="--task mode: a narrower student (e.g. 192 for a 384-wide teacher)")
+    p.add_argument("--student-width", type=int,
+                   help="--task mode: a narrower student (e.g. 192 for a 384-wide teacher)")
     p.add_argument("--student-heads", type=int, help="--task mode: heads of a narrower student (default the teacher's; "
                                                      "attention transfer needs them equal)")
     p.add_argument("--layer-map", type=_int_list, help="teacher layer (0-based) each student layer learns from, "

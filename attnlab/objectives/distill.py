@@ -231,7 +231,8 @@ class Distillation(nn.Module):
         self.student, self.cfg = student, cfg
         self.__dict__["teacher"] = teacher
         d_s, d_t = student.config.hidden_size, teacher.config.hidden_size
-        self.projections = Projections(d_s, d_t, basis) if (cfg.alpha_hidden or cfg.alpha_embed) and d_s != d_t else None
+        projected = (cfg.alpha_hidden or cfg.alpha_embed) and d_s != d_t
+        self.projections = Projections(d_s, d_t, basis) if projected else None
         if cfg.alpha_cos > 0 and d_s != d_t:
             raise ValueError(f"hidden-state cosine needs equal widths; student has {d_s}, teacher {d_t} "
                              "(set alpha_cos=0 for a narrower student, or use the projected MSE)")
