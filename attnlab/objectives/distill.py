@@ -163,7 +163,8 @@ def distill_loss(student: Model, teacher: Model, batch: dict, cfg: DistillConfig
     want_hidden = cfg.alpha_cos > 0 or cfg.alpha_hidden > 0 or cfg.alpha_embed > 0
     want = dict(output_hidden_states=want_hidden, output_attentions=cfg.alpha_attn > 0)
     values = (lambda m: capture_values(m)) if cfg.alpha_value > 0 else (lambda m: nullcontext([]))  # noqa: E731
-    teacher.eval()
+    if teacher.training:  # only on a change: eval() drops the teacher's stacked Q/K/V weights (nn/attention.py)
+        teacher.eval()
     with torch.no_grad(), values(teacher) as t_values:
         t_out = teacher(**_fit(teacher, inputs), **want)
     with values(student) as s_values:
