@@ -152,7 +152,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              max_train_samples: int | None = None, max_eval_samples: int | None = None,
              holdout: int | None = None, freeze_embeddings: bool = True, progress: bool = True,
              log_every: int = 50, from_scratch: bool = False, student_layers: int | None = None,
-             distill=None, save_every: int = 0, resume: bool = False, parallel: str = "ddp",
+             distill=None, student_width: int | None = None, student_heads: int | None = None,
+             save_every: int = 0, resume: bool = False, parallel: str = "ddp",
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
@@ -169,7 +170,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     student_layers: task distillation (Sanh et al. 2019, §3 applied to a task): `model` is a model already
     fine-tuned on `task`, the teacher; a student of `student_layers` layers starts from every other teacher
     layer (and the teacher's head) and learns from the teacher's soft targets at temperature T, the labels
-    and the teacher's last hidden states (`distill`, a DistillConfig).
+    and the teacher's last hidden states (`distill`, a DistillConfig, which may add TinyBERT's / MiniLM's
+    layer terms). `student_width` (and `student_heads`) make the student narrower: its embeddings, pooler and
+    classifier start from the teacher's through a PCA basis, its layers from random (init_narrow_student).
 
     save_every: also write a training checkpoint (weights, AdamW, schedule, RNG, data position, best so
     far) to `output`/checkpoints every N steps, so that `resume=True` continues a killed run exactly.
@@ -239,16 +242,26 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     if from_scratch:
         net.init_weights()
         net.tie_weights()
+    trained = net  # what the Trainer optimises: the model, or a Distillation (student + projections)
+    if student_layers is None and (student_width or student_heads):
+        raise ValueError(f"finetune {task.name}: a student width or head count needs distillation (student_layers)")
     if student_layers is not None:
-        from ..objectives.distill import DistillConfig, distill_loss, init_student_from_teacher, student_config
+        from ..objectives.distill import DistillConfig, Distillation, init_student_from_teacher, student_config
+        from ..objectives.layer_distill import init_narrow_student
         teacher = net.eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
-        net = type(teacher)(student_config(teacher.config, student_layers))
-        init_student_from_teacher(net, teacher)
-        cfg = distill or DistillConfig()
-        cfg.validate()
-        loss_fn = lambda model, batch: distill_loss(model, teacher, batch, cfg)[0]  # noqa: E731
+        net = type(teacher)(student_config(teacher.config, student_layers, student_width, student_heads))
+        basis = None
+        if net.config.hidden_size != teacher.config.hidden_size:
+            basis, kept = init_narrow_student(net, teacher)
+            print(f"finetune {task.name}: a {net.config.hidden_size}-wide student: embeddings, pooler and classifier "
+                  f"from the teacher's through the top {net.config.hidden_size} principal directions of its token "
+                  f"embeddings ({100 * kept:.1f}% of their variance), layers random", file=sys.stderr, flush=True)
+        else:
+            init_student_from_teacher(net, teacher)
+        trained = Distillation(net, teacher, distill or DistillConfig(), basis)
+        loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731
     if lora:
         from ..interop.peft import lora_for_training
         trainable = lora_for_training(net, **lora)
@@ -301,9 +314,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     def on_best(model, record: dict) -> None:  # a full disk: one line, the model kept before stays whole
         keep_best(lambda: save_best(model), output, record["step"])
 
-    trainer = Trainer(net, args, data, loss_fn=loss_fn,
-                      evaluate_fn=lambda model: evaluate_examples(task, model, tokenizer, valid_ex, max_length)[0],
-                      on_best=on_best)
+    student_of = lambda model: getattr(model, "student", model)  # noqa: E731  (a Distillation holds it)
+    trainer = Trainer(trained, args, data, loss_fn=loss_fn,
+                      evaluate_fn=lambda model: evaluate_examples(task, student_of(model), tokenizer, valid_ex,
+                                                                  max_length)[0],
+                      on_best=lambda model, record: on_best(student_of(model), record))
     if teacher is not None:
         teacher.to(trainer.device)
     trainer.train()
@@ -318,6 +333,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                **({"lora": lora, "trainable_parameters": sum(p.numel() for p in net.parameters() if p.requires_grad)}
                   if lora else {}),
                **({"student_layers": student_layers, "teacher_layers": teacher.config.num_layers,
+                   "student_width": net.config.hidden_size, "student_heads": net.config.num_heads,
+                   "distill": vars(trained.cfg),
                    "parameters": net.num_parameters(), "teacher_parameters": teacher.num_parameters()}
                   if teacher is not None else {}),
                "wall_time_s": round(time.time() - started, 1),

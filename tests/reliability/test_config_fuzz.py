@@ -173,6 +173,8 @@ def _tiny_hf(model_type: str) -> dict:
             tiny[key] = 8
     if base.sliding_window:
         tiny["sliding_window"] = 5
+    if base.disentangled_attention:  # DeBERTa: relative buckets must fit inside the tiny 32 positions
+        tiny["position_buckets"] = 8
     if base.num_kv_heads is not None:  # GQA presets (Mistral, Mixtral): one key/value head for the tiny 2 heads
         tiny["num_kv_heads"] = 1
     extra = dict(base.extra)
