@@ -18,7 +18,8 @@ from attnlab.inference.retrieval import (Index, build_index, encode, load_index,
 from attnlab.interop.hf import save_pretrained
 from attnlab.models.encoder import Encoder
 from attnlab.objectives.contrastive import dense_scores, info_nce, maxsim_scores
-from attnlab.tasks.retrieval import contrastive_finetune, evaluate_retrieval, gold_in_index, squad_pairs
+from attnlab.tasks.retrieval import (contrastive_batches, contrastive_finetune, evaluate_retrieval, gold_in_index,
+                                    squad_pairs, squad_pairs_by_article)
 
 PASSAGES = ["The cat sat on the mat.", "Paris is the capital of France.", "Python is a programming language.",
             "Rain falls from clouds when drops grow heavy.", "The Normans conquered England in 1066.",
@@ -125,6 +126,25 @@ def _squad(path, paragraphs_questions):
                                for j, q in enumerate(qs)]} for i, (c, qs) in enumerate(paragraphs_questions)]}]}
     path.write_text(json.dumps(data), encoding="utf-8")
     return path
+
+
+def test_batches_never_repeat_a_paragraph_and_can_keep_to_one_article(tmp_path):
+    import random
+    squad = tmp_path / "two.json"
+    squad.write_text(json.dumps({"data": [
+        {"title": t, "paragraphs": [{"context": f"{t} {i}", "qas": [
+            {"id": f"{t}{i}{j}", "question": f"q {t} {i} {j}", "answers": [{"text": t, "answer_start": 0}]}
+            for j in range(3)]} for i in range(5)]} for t in ("alpha", "beta")]}), encoding="utf-8")
+    paragraphs, questions, gold, articles = squad_pairs_by_article([squad])
+    assert articles == [0] * 5 + [1] * 5 and len(questions) == 30
+    for groups in (None, articles):
+        batches = contrastive_batches(questions, gold, 4, random.Random(0), groups)
+        for _ in range(12):
+            batch = next(batches)
+            assert len({p for _, p in batch}) == len(batch) >= 2
+            assert all(gold[q] == p for q, p in batch)
+            if groups is not None:
+                assert len({articles[p] for _, p in batch}) == 1
 
 
 def test_squad_recall_and_a_short_finetune(tiny, tmp_path):

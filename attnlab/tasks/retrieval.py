@@ -7,6 +7,7 @@ time as a user would ask: tokenize + encode + score every passage + top-k, wall 
 """
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
@@ -25,16 +26,30 @@ TEMPERATURE = {"dense": 0.05, "colbert": 1.0}  # SBERT's scale 20 for cosines; C
 
 def squad_pairs(paths) -> tuple[list[str], list[str], list[int]]:
     """(paragraphs in file order without repeats, questions, gold paragraph number of each question)."""
+    paragraphs, questions, gold, _ = squad_pairs_by_article(paths)
+    return paragraphs, questions, gold
+
+
+def squad_pairs_by_article(paths) -> tuple[list[str], list[str], list[int], list[int]]:
+    """squad_pairs plus, per paragraph, the number of its article (counted across the files)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     paragraphs: dict[str, int] = {}
-    questions, gold = [], []
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+    article_number: dict[tuple[str, int], int] = {}
+    articles, questions, gold = [], [], []
+    for path in paths:
         examples, _ = read_squad(path, with_answers=False)
+        article_of = {p["context"]: (str(path), i) for i, a in enumerate(json.loads(Path(path).read_text("utf-8"))["data"])
+                    for p in a.get("paragraphs", [])}
         for ex in examples:
-            gold.append(paragraphs.setdefault(ex["context"], len(paragraphs)))
+            if ex["context"] not in paragraphs:
+                paragraphs[ex["context"]] = len(paragraphs)
+                key = article_of[ex["context"]]
+                articles.append(article_number.setdefault(key, len(article_number)))
+            gold.append(paragraphs[ex["context"]])
             questions.append(ex["question"])
     if not questions:
-        raise DataError(f"{', '.join(map(str, [paths] if isinstance(paths, (str, Path)) else paths))}: no questions")
-    return list(paragraphs), questions, gold
+        raise DataError(f"{', '.join(map(str, paths))}: no questions")
+    return list(paragraphs), questions, gold, articles
 
 
 def gold_in_index(index: Index, paragraphs: list[str], gold: list[int], source: str) -> list[int]:
@@ -87,9 +102,12 @@ def _tensors(tokenizer, texts: list[str], max_length: int):
     return enc["input_ids"], enc["attention_mask"]
 
 
-def contrastive_batches(questions: list[str], gold: list[int], batch_size: int, rng: random.Random):
+def contrastive_batches(questions: list[str], gold: list[int], batch_size: int, rng: random.Random,
+                        groups: list[int] | None = None):
     """Endless batches of (question, paragraph number), never the same paragraph twice in one batch: each pass
-    shuffles the paragraphs and gives each one a random question of its own."""
+    shuffles the paragraphs and gives each one a random question of its own. With `groups` (a group number per
+    paragraph, e.g. its article) a batch is cut from one group, so its in-batch negatives are on the same topic:
+    the hard negatives a question meets when it must pick its paragraph out of its own article."""
     by_paragraph: dict[int, list[int]] = {}
     for qi, g in enumerate(gold):
         by_paragraph.setdefault(g, []).append(qi)
@@ -99,8 +117,16 @@ def contrastive_batches(questions: list[str], gold: list[int], batch_size: int, 
     batch_size = min(batch_size, len(paragraphs))
     while True:
         rng.shuffle(paragraphs)
-        for start in range(0, len(paragraphs) - batch_size + 1, batch_size):
-            chunk = paragraphs[start:start + batch_size]
+        if groups is None:
+            chunks = [paragraphs[s:s + batch_size] for s in range(0, len(paragraphs) - batch_size + 1, batch_size)]
+        else:
+            members: dict[int, list[int]] = {}
+            for p in paragraphs:
+                members.setdefault(groups[p], []).append(p)
+            chunks = [m[s:s + batch_size] for m in members.values() for s in range(0, len(m), batch_size)]
+            chunks = [c for c in chunks if len(c) >= max(2, batch_size // 2)]  # no near-empty remainders
+            rng.shuffle(chunks)
+        for chunk in chunks:
             yield [(rng.choice(by_paragraph[p]), p) for p in chunk]
 
 
@@ -108,9 +134,11 @@ def contrastive_finetune(model, tokenizer, paragraphs: list[str], questions: lis
                          kind: str = "dense", *, exclude: set[str] = frozenset(), batch_size: int = 16,
                          lr: float = 2e-5, steps: int = 1000, max_cpu_minutes: float | None = None,
                          temperature: float | None = None, max_length: int = 192, query_max_length: int = 48,
-                         warmup: float = 0.1, seed: int = 0, log=None) -> dict:
+                         warmup: float = 0.1, seed: int = 0, groups: list[int] | None = None,
+                         log=None) -> dict:
     """Train the encoder in place on (question, paragraph) pairs with InfoNCE over in-batch negatives, scoring
-    as `kind` does. Paragraphs whose text is in `exclude` (the evaluation set's) and their questions are dropped.
+    as `kind` does; `groups` (per paragraph) draws each batch from one group (contrastive_batches).
+    Paragraphs whose text is in `exclude` (the evaluation set's) and their questions are dropped.
     Stops after `steps` or once the process has used `max_cpu_minutes` of CPU. Returns {"steps": one record per
     step, "pairs", "paragraphs", "excluded_paragraphs"}."""
     if kind not in SCORERS:
@@ -128,7 +156,8 @@ def contrastive_finetune(model, tokenizer, paragraphs: list[str], questions: lis
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     warm = max(1, int(warmup * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / (steps - warm + 1e-9))))
-    batches = contrastive_batches(qs, gs, batch_size, random.Random(seed))
+    batches = contrastive_batches(qs, gs, batch_size, random.Random(seed),
+                                  None if groups is None else [groups[i] for i in keep])
     history, c0, t0 = [], time.process_time(), time.perf_counter()
     for step in range(1, steps + 1):
         batch = next(batches)
