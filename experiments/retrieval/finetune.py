@@ -55,7 +55,7 @@ def main() -> None:
     attnlab.save(model, args.output)
     tokenizer.save(args.output)
     summary = {k: v for k, v in run.items() if k != "steps"}
-    summary.update(kind=args.kind, steps_done=len(run["steps"]), first=run["steps"][0], last=run["steps"][-1],
+    summary.update(steps_done=len(run["steps"]), first=run["steps"][0], last=run["steps"][-1],
                    train_files=len(train), held_out_paragraphs=len(held_out),
                    cpu_s=round(time.process_time() - c0, 1), wall_s=round(time.perf_counter() - t0, 1), **vars(args))
     (args.output / "summary.json").write_text(json.dumps(summary, default=str, indent=1) + "\n")
