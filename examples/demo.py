@@ -240,6 +240,16 @@ def long_attention() -> None:
           f"{(torch.cat(steps, 1) - parallel).abs().max():.1e}; state per layer {tuple(cache.states[0][0].shape)}")
 
 
+def retrieval() -> None:
+    section("14. retrieval: one MiniLM, two indexes - dense (one vector per passage, DPR-style) and ColBERT-style "
+            "(one vector per token, MaxSim)")
+    for kind in ("dense", "colbert"):
+        cli(["index", str(HERE / "data" / "sentences.txt"), "--model", MINILM, "--kind", kind,
+             "--output", str(OUT / f"index-{kind}")])
+        cli(["search", str(OUT / f"index-{kind}"), "Which animal was chasing something indoors?", "-k", "2"])
+    print("  (SQuAD dev recall@k and latency of both: experiments/retrieval/RESULTS.md)")
+
+
 def distill_narrow_student() -> None:
     section("15. distillation: the section-6 classifier into a 2-layer, 192-wide student, TinyBERT's way "
             "(attention KL + projected hidden states)")
@@ -278,7 +288,7 @@ def deberta_rtd() -> None:
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
             finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
-            denoise_bart, long_attention, claims_as_experiments, distill_narrow_student, deberta_rtd]
+            denoise_bart, long_attention, claims_as_experiments, retrieval, distill_narrow_student, deberta_rtd]
 
 
 def main() -> int:

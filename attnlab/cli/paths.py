@@ -22,6 +22,8 @@ from pathlib import Path
 INPUTS: dict[str, dict[str, str]] = {
     "info": {"model": "model_or_preset"},
     "embed": {"model": "model", "input": "file"},
+    "index": {"passages": "file", "model": "model"},
+    "search": {"index": "dir", "model": "model", "squad": "file"},
     "generate": {"model": "model", "adapter": "dir"},
     "viz": {"model": "model"},
     "plot": {"run_dir": "run_dir"},

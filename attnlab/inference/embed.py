@@ -30,12 +30,10 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
 
 
-@torch.inference_mode()
-def embed(model, tokenizer, texts: list[str], *, pooling: str = "mean", normalize: bool = True,
-          batch_size: int = 32, max_length: int | None = None, progress: bool | None = None) -> np.ndarray:
-    """One float32 vector per text, shape (len(texts), hidden_size)."""
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}")
+def hidden_batches(model, tokenizer, texts: list[str], *, batch_size: int = 32, max_length: int | None = None,
+                   progress: bool | None = None, desc: str = "embed"):
+    """Yield (row indices into `texts`, last hidden states (b, T, d), attention mask (b, T)) over length-sorted
+    batches; the caller pools or keeps the token vectors. Runs without autograd unless the caller enables it."""
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     backbone = getattr(model, "backbone", model)
@@ -43,18 +41,29 @@ def embed(model, tokenizer, texts: list[str], *, pooling: str = "mean", normaliz
     enc = tokenizer(list(texts), max_length=limit, truncation=True)
     ids = enc["input_ids"]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    out = np.zeros((len(ids), backbone.config.hidden_size), dtype=np.float32)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     show = progress if progress is not None else len(texts) >= 256
     if show:
         from tqdm import tqdm
-        batches = tqdm(batches, desc="embed", unit="batch")
+        batches = tqdm(batches, desc=desc, unit="batch")
     device = next(backbone.parameters()).device
     pad_id = backbone.config.pad_token_id or 0
     for batch in batches:
         input_ids, mask = pad_batch([ids[i] for i in batch], pad_id)
         input_ids, mask = input_ids.to(device), mask.to(device)
-        hidden = backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        yield batch, backbone(input_ids=input_ids, attention_mask=mask).last_hidden_state, mask
+
+
+@torch.inference_mode()
+def embed(model, tokenizer, texts: list[str], *, pooling: str = "mean", normalize: bool = True,
+          batch_size: int = 32, max_length: int | None = None, progress: bool | None = None) -> np.ndarray:
+    """One float32 vector per text, shape (len(texts), hidden_size)."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}")
+    backbone = getattr(model, "backbone", model)
+    out = np.zeros((len(texts), backbone.config.hidden_size), dtype=np.float32)
+    for batch, hidden, mask in hidden_batches(model, tokenizer, texts, batch_size=batch_size,
+                                              max_length=max_length, progress=progress):
         vec = pool(hidden, mask, pooling).float()
         if normalize:
             vec = torch.nn.functional.normalize(vec, dim=-1)

@@ -40,6 +40,8 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
     base = {
         "info": lambda v: ["info", v["model"]],
         "embed": lambda v: ["embed", v["model"], "--input", v["input"], "--output", o],
+        "index": lambda v: ["index", v["passages"], "--model", v["model"], "--output", o],
+        "search": lambda v: ["search", v["index"], "--model", v["model"], "--squad", v["squad"]],
         "generate": lambda v: ["generate", v["model"], "--prompt", "hi", "--adapter", v["adapter"]],
         "viz": lambda v: ["viz", v["model"], "--text", "hi", "--output", o],
         "plot": lambda v: ["plot", v["run_dir"]],
@@ -77,6 +79,10 @@ OPTION = {"model": "MODEL", "run_dir": "RUN_DIR", "files": "FILES"}
 def option_of(command: str, dest: str) -> str:
     if command == "info" and dest == "model":
         return "MODEL_OR_PRESET"
+    if command == "index" and dest == "passages":
+        return "PASSAGES"
+    if command == "search" and dest == "index":
+        return "INDEX"
     if command in ("info", "embed", "generate", "viz", "plot", "tokenizer", "prepare", "translate", "serve",
                    "sft", "dpo") \
             and dest in OPTION:
