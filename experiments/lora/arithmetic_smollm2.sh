@@ -7,10 +7,12 @@ OUT=${1:-/tmp/arith_exp}
 PY=${PY:-python}
 export OMP_NUM_THREADS=1
 mkdir -p "$OUT"
-echo "load before: $(cat /proc/loadavg)"
-/usr/bin/time -v $PY -m attnlab evaluate-prompting --model smollm2 --task arithmetic --problems 30 --shots 3 \
-    --samples 5 --temperature 0.7 --max-new-tokens 64 --batch-size 16 --seed 0 \
-    --output "$OUT/arithmetic.json" > "$OUT/arithmetic.summary.json" 2> "$OUT/arithmetic.log"
-echo "load after: $(cat /proc/loadavg)"
-cat "$OUT/arithmetic.summary.json"
-grep -E "Elapsed|User time|System time|Maximum resident" "$OUT/arithmetic.log"
+for MODE in direct cot self-consistency; do   # one process per mode: each result is kept as soon as it is done
+  echo "$MODE load before: $(cat /proc/loadavg)"
+  /usr/bin/time -v $PY -m attnlab evaluate-prompting --model smollm2 --task arithmetic --mode $MODE --problems 30 \
+      --shots 3 --samples 5 --temperature 0.7 --max-new-tokens 64 --batch-size 16 --seed 0 \
+      --output "$OUT/$MODE.json" > "$OUT/$MODE.summary.json" 2> "$OUT/$MODE.log"
+  echo "$MODE load after: $(cat /proc/loadavg)"
+  cat "$OUT/$MODE.summary.json"
+  grep -E "Elapsed|User time|System time|Maximum resident" "$OUT/$MODE.log"
+done

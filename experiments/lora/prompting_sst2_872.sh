@@ -10,9 +10,11 @@ SEED=${2:-0}
 PY=${PY:-python}
 export OMP_NUM_THREADS=1
 $PY "$(dirname "$0")/sst2_split.py" "$OUT"
-echo "load before: $(cat /proc/loadavg)"
-/usr/bin/time -v $PY -m attnlab evaluate-prompting --model smollm2 --data "$OUT/heldout-872.tsv" \
-    --pool "$OUT/train-1000.tsv" --shots 0,1,4,8 --seed "$SEED" > "$OUT/prompting-seed$SEED.json" 2> "$OUT/prompting-seed$SEED.log"
-echo "load after: $(cat /proc/loadavg)"
-cat "$OUT/prompting-seed$SEED.json"
-grep -E "Elapsed|User time|System time|Maximum resident" "$OUT/prompting-seed$SEED.log"
+for K in 0 1 4 8; do   # one process per k: each k's result is kept as soon as it is done
+  echo "k=$K load before: $(cat /proc/loadavg)"
+  /usr/bin/time -v $PY -m attnlab evaluate-prompting --model smollm2 --data "$OUT/heldout-872.tsv" \
+      --pool "$OUT/train-1000.tsv" --shots "$K" --seed "$SEED" > "$OUT/k$K-seed$SEED.json" 2> "$OUT/k$K-seed$SEED.log"
+  echo "k=$K load after: $(cat /proc/loadavg)"
+  cat "$OUT/k$K-seed$SEED.json"
+  grep -E "Elapsed|User time|System time|Maximum resident" "$OUT/k$K-seed$SEED.log"
+done

@@ -64,7 +64,7 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
         "experiment": lambda v: ["experiment", "sqrt-dk", "--tiny", "--data", v["data"], "--output", o],
         "evaluate-prompting": lambda v: ["evaluate-prompting", "--model", v["model"], "--data", v["data"], "--pool", v["pool"]],
     }[command]
-    values = {k: {"file": f, "files": f, "dir": d, "model": m, "models": m, "model_or_preset": m, "tokenizer": d, "run_dir": d}[kind]
+    values = {k: {"file": f, "files": f, "dir": d, "model": m, "models": m, "model_or_preset": m, "tokenizer": d, "run_dir": d, "adapters": d}[kind]
               for k, kind in INPUTS[command].items()}
     values[dest] = bad
     return base(values)
