@@ -114,7 +114,7 @@ def test_missing_path(command, dest, kind, good, capsys, tmp_path):
 
 
 WRONG_TYPE = [(c, d, k) for c, d, k in CASES
-              if k in ("file", "files", "dir", "run_dir", "model", "models", "model_or_preset")]
+              if k in ("file", "files", "dir", "run_dir", "model", "models", "model_or_preset", "adapters")]
 
 
 @pytest.mark.parametrize("command,dest,kind", WRONG_TYPE, ids=[f"{c}-{d}" for c, d, _ in WRONG_TYPE])
@@ -136,11 +136,17 @@ def test_directory_that_is_not_a_model(good, capsys):
     assert_one_line(code, err, "MODEL", str(good["dir"]), "not a model directory", "embed")
 
 
+def test_named_adapter_path_is_checked(good, capsys, tmp_path):
+    missing = str(tmp_path / "no-adapter")
+    code, _, err = run_cli(["serve", str(good["model"]), "--adapter", f"sst={missing}"], capsys)
+    assert_one_line(code, err, "--adapter", missing, "no such directory", "serve")
+
+
 @pytest.mark.parametrize("command,dest,kind", CASES, ids=[f"{c}-{d}" for c, d, _ in CASES])
 def test_unreadable_path(command, dest, kind, good, capsys, tmp_path, monkeypatch):
     """chmod 000. As root every file is readable, so there the permission check itself is made to fail
     (os.access says no) for that one path: the same message path, exercised without a real denial."""
-    is_dir = kind in ("dir", "run_dir", "model", "models", "model_or_preset", "tokenizer")
+    is_dir = kind in ("dir", "run_dir", "model", "models", "model_or_preset", "tokenizer", "adapters")
     target = tmp_path / ("locked" if is_dir else "locked.txt")
     if is_dir:
         target.mkdir()
