@@ -76,15 +76,20 @@ def tiny_llama(tmp_path_factory):
     model = attnlab.from_config(cfg).eval()
     attnlab.save(model, out / "base")
     tok.save(out / "base")
+    return out, tok, _saved_lora(model, ["q_proj", "v_proj", "down_proj"], 4, 1, out / "adapter")
+
+
+def _saved_lora(model, targets: list[str], r: int, seed: int, directory: Path):
+    """A LoRA with random (nonzero) B as well as A on `targets`, saved to `directory`; returns the merged model."""
     from attnlab.interop.peft import apply_lora
-    apply_lora(model, ["q_proj", "v_proj", "down_proj"], r=4, alpha=8)
-    g = torch.Generator().manual_seed(1)
+    apply_lora(model, targets, r=r, alpha=2 * r)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    save_adapter(model, out / "adapter")
-    return out, tok, merged_copy(model).eval()
+    save_adapter(model, directory)
+    return merged_copy(model).eval()
 
 
 def test_generate_with_adapter_equals_the_merged_model(tiny_llama, capsys):
@@ -114,20 +119,6 @@ def test_serve_applies_the_adapter(tiny_llama, monkeypatch):
         assert (seen["model"](ids).logits - merged(ids).logits).abs().max().item() <= 1e-5
 
 
-def _second_adapter(out: Path) -> Path:
-    """Another LoRA over the same base (other layers, other weights) and the model it makes, merged."""
-    from attnlab.interop.peft import apply_lora
-    model = attnlab.load(out / "base").eval()
-    apply_lora(model, ["k_proj", "up_proj"], r=2, alpha=4)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    save_adapter(model, out / "adapter2")
-    return merged_copy(model).eval()
-
-
 def test_serve_several_named_adapters_over_one_base(tiny_llama, monkeypatch):
     """`serve --adapter a=DIR --adapter b=DIR`: each adapter is a model over the base's own weight tensors
     (unmerged), equal to its merged copy; the base model stays itself; the request's "model" picks the engine,
@@ -137,7 +128,7 @@ def test_serve_several_named_adapters_over_one_base(tiny_llama, monkeypatch):
     import attnlab.serve.app as app_module
     import attnlab.serve.drain as drain
     out, tok, merged_a = tiny_llama
-    merged_b = _second_adapter(out)
+    merged_b = _saved_lora(attnlab.load(out / "base").eval(), ["k_proj", "up_proj"], 2, 2, out / "adapter2")
     base_ref = attnlab.load(out / "base").eval()
     seen = {}
     monkeypatch.setattr(app_module, "create_app", lambda model, tok, **kw: seen.update(model=model, **kw))
