@@ -44,7 +44,8 @@ def label_scores(model, tokenizer, prompts: Sequence[str], label_words: Sequence
     from (copied per row); and the label words are scored from the same forward pass: a row holds a prompt's
     own tokens plus a label's tokens but its last, so single-token label words (" positive", " negative")
     all read their log-probability off one row's last position. Rows are left-padded, so every row's
-    last positions line up and only they go through the vocabulary projection."""
+    last positions line up and only they go through the vocabulary projection; batches hold rows of similar
+    length."""
     rows = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     labels = [tokenizer.encode(" " + w, add_special_tokens=False) for w in label_words]
     if any(not r for r in rows) or any(not w for w in labels):
@@ -53,7 +54,8 @@ def label_scores(model, tokenizer, prompts: Sequence[str], label_words: Sequence
     keep = max(len(w) for w in labels)                   # positions whose next-token log-probabilities are read
     shared = _shared_length(rows) if model.config.attention_kind != "linear" else 0
     prefix = _prefix_cache(model, rows[0][:shared]) if shared else None
-    jobs = [(i, h) for i in range(len(rows)) for h in heads]
+    # rows of similar length batch together: left padding to the longest row of a batch is wasted work
+    jobs = sorted(((i, h) for i in range(len(rows)) for h in heads), key=lambda j: len(rows[j[0]]) + len(j[1]))
     out = torch.empty(len(rows), len(labels))
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
