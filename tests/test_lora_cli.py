@@ -170,3 +170,22 @@ def test_serve_several_named_adapters_over_one_base(tiny_llama, monkeypatch):
         assert err["param"] == "model" and "'c'" in err["message"] and "tiny, a, b" in err["message"]
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "a", "b"]
         assert client.get("/health").json()["adapters"] == ["a", "b"]
+
+
+def test_adapter_view_refuses_an_adapter_that_saves_whole_modules(tiny_llama, tmp_path):
+    """Loading a saved head into a view would overwrite the weights the base model and every other view share."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from attnlab.interop.peft import adapter_view
+    out, _, _ = tiny_llama
+    shutil.copytree(out / "adapter", tmp_path / "with-head")
+    weights = tmp_path / "with-head" / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({**tensors, "base_model.model.lm_head.weight": torch.zeros(3, 3)}, str(weights))
+    base = attnlab.load(out / "base")
+    before = base.lm_head.weight.clone()
+    with pytest.raises(ValueError, match="saves whole modules .lm_head.weight"):
+        adapter_view(base, tmp_path / "with-head")
+    assert torch.equal(base.lm_head.weight, before) and not adapter_modules(base)
