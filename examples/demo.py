@@ -240,6 +240,22 @@ def long_attention() -> None:
           f"{(torch.cat(steps, 1) - parallel).abs().max():.1e}; state per layer {tuple(cache.states[0][0].shape)}")
 
 
+def prompting_reasoning() -> None:
+    import json
+    section("13. prompting without training: chain of thought and self-consistency (SmolLM2, generated arithmetic)")
+    out = OUT / "arithmetic.json"
+    argv = ["evaluate-prompting", "--model", "smollm2", "--task", "arithmetic", "--problems", "2", "--shots", "2",
+            "--mode", "cot,self-consistency", "--samples", "3", "--temperature", "0.7", "--max-new-tokens", "40",
+            "--output", str(out)]
+    print("attnlab " + " ".join(argv) + "\n")
+    cli(argv)
+    result = json.loads(out.read_text())
+    first = result["cot"]["outputs"][0]
+    print(f"  a chain of thought: {first['text']!r} -> {first['answer']} (right: {first['gold']})")
+    print(f"  self-consistency, 3 sampled paths -> their answers and the vote: "
+          f"{[(o['paths'], o['answer'], o['gold']) for o in result['self-consistency']['outputs']]}")
+
+
 def retrieval() -> None:
     section("14. retrieval: one MiniLM, two indexes - dense (one vector per passage, DPR-style) and ColBERT-style "
             "(one vector per token, MaxSim)")
@@ -288,7 +304,8 @@ def deberta_rtd() -> None:
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
             finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
-            denoise_bart, long_attention, claims_as_experiments, retrieval, distill_narrow_student, deberta_rtd]
+            denoise_bart, long_attention, claims_as_experiments, prompting_reasoning, retrieval,
+            distill_narrow_student, deberta_rtd]
 
 
 def main() -> int:

@@ -76,15 +76,20 @@ def tiny_llama(tmp_path_factory):
     model = attnlab.from_config(cfg).eval()
     attnlab.save(model, out / "base")
     tok.save(out / "base")
+    return out, tok, _saved_lora(model, ["q_proj", "v_proj", "down_proj"], 4, 1, out / "adapter")
+
+
+def _saved_lora(model, targets: list[str], r: int, seed: int, directory: Path):
+    """A LoRA with random (nonzero) B as well as A on `targets`, saved to `directory`; returns the merged model."""
     from attnlab.interop.peft import apply_lora
-    apply_lora(model, ["q_proj", "v_proj", "down_proj"], r=4, alpha=8)
-    g = torch.Generator().manual_seed(1)
+    apply_lora(model, targets, r=r, alpha=2 * r)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    save_adapter(model, out / "adapter")
-    return out, tok, merged_copy(model).eval()
+    save_adapter(model, directory)
+    return merged_copy(model).eval()
 
 
 def test_generate_with_adapter_equals_the_merged_model(tiny_llama, capsys):
@@ -112,3 +117,75 @@ def test_serve_applies_the_adapter(tiny_llama, monkeypatch):
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         assert (seen["model"](ids).logits - merged(ids).logits).abs().max().item() <= 1e-5
+
+
+def test_serve_several_named_adapters_over_one_base(tiny_llama, monkeypatch):
+    """`serve --adapter a=DIR --adapter b=DIR`: each adapter is a model over the base's own weight tensors
+    (unmerged), equal to its merged copy; the base model stays itself; the request's "model" picks the engine,
+    an unknown name is a 404 naming it."""
+    from starlette.testclient import TestClient
+
+    import attnlab.serve.app as app_module
+    import attnlab.serve.drain as drain
+    out, tok, merged_a = tiny_llama
+    merged_b = _saved_lora(attnlab.load(out / "base").eval(), ["k_proj", "up_proj"], 2, 2, out / "adapter2")
+    base_ref = attnlab.load(out / "base").eval()
+    seen = {}
+    monkeypatch.setattr(app_module, "create_app", lambda model, tok, **kw: seen.update(model=model, **kw))
+    monkeypatch.setattr(drain, "run_server", lambda app, **kw: None)
+    try:
+        assert main(["serve", str(out / "base"), "--name", "tiny", "--adapter", f"a={out / 'adapter'}",
+                     "--adapter", f"b={out / 'adapter2'}"]) == 0
+        for bad in ([f"a={out / 'adapter'}", str(out / "adapter2")], [f"a={out / 'adapter'}", f"a={out / 'adapter2'}"]):
+            with pytest.raises(SystemExit, match="distinct names"):
+                main(["serve", str(out / "base"), *[x for a in bad for x in ("--adapter", a)]])
+    finally:
+        torch.set_grad_enabled(True)  # `serve` turns autograd off process-wide; later tests train
+    base, views = seen["model"], seen["adapters"]
+    assert set(views) == {"a", "b"}
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        for got, want in ((base, base_ref), (views["a"], merged_a), (views["b"], merged_b)):
+            assert (got(ids).logits - want(ids).logits).abs().max().item() <= 1e-5
+    shared = base.backbone.layers[0].attn.q.weight
+    assert views["a"].backbone.layers[0].attn.q.weight is shared is views["b"].backbone.layers[0].attn.q.weight
+
+    monkeypatch.undo()
+    app = app_module.create_app(base, tok, name="tiny", adapters=views)
+    prompt = "Once upon a time"
+    p_ids = tok.encode(prompt, add_special_tokens=False)
+
+    def reference(model):
+        new = generate(model, torch.tensor([p_ids]), max_new_tokens=6)[0, len(p_ids):].tolist()
+        return tok.decode(new[:new.index(2)] if 2 in new else new)
+    with TestClient(app) as client:
+        for name, model in ((None, base_ref), ("tiny", base_ref), ("a", merged_a), ("b", merged_b)):
+            body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, **({"model": name} if name else {})}
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["model"] == (name or "tiny")
+            assert r.json()["choices"][0]["text"] == reference(model), name
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, "model": "c"})
+        assert r.status_code == 404
+        err = r.json()["error"]
+        assert err["param"] == "model" and "'c'" in err["message"] and "tiny, a, b" in err["message"]
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "a", "b"]
+        assert client.get("/health").json()["adapters"] == ["a", "b"]
+
+
+def test_adapter_view_refuses_an_adapter_that_saves_whole_modules(tiny_llama, tmp_path):
+    """Loading a saved head into a view would overwrite the weights the base model and every other view share."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from attnlab.interop.peft import adapter_view
+    out, _, _ = tiny_llama
+    shutil.copytree(out / "adapter", tmp_path / "with-head")
+    weights = tmp_path / "with-head" / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({**tensors, "base_model.model.lm_head.weight": torch.zeros(3, 3)}, str(weights))
+    base = attnlab.load(out / "base")
+    before = base.lm_head.weight.clone()
+    with pytest.raises(ValueError, match="saves whole modules .lm_head.weight"):
+        adapter_view(base, tmp_path / "with-head")
+    assert torch.equal(base.lm_head.weight, before) and not adapter_modules(base)

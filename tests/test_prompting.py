@@ -49,3 +49,25 @@ def test_label_scores_are_log_probabilities_of_the_label_words(tmp_path, capsys)
     assert out["examples"] == 2 and {"0-shot", "1-shot"} <= set(out)
     assert main(["evaluate-prompting", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "t.tsv"),
                  "--pool", str(tmp_path / "t.tsv"), "--shots", "5"]) == 1   # more shots than the pool holds
+
+
+def test_shared_prefix_scores_equal_one_forward_per_prompt_and_word():
+    """The demonstrations' KV cache computed once, rows left-padded in batches of 3, label words of one and of
+    several tokens (two sharing all tokens but their last, so they share a row): the same log-probabilities as
+    running every prompt + word through the model alone."""
+    tok = smol_tokenizer()
+    torch.manual_seed(1)
+    model = attnlab.from_config(tiny_llama_config(len(tok), max_position_embeddings=256)).eval()
+    demos = [("a fine film", "positive"), ("a bore", "negative")]
+    prompts = [kshot_prompt(demos, t) for t in ["great", "a long and rather dull mess", "fine", "meh , ok I guess", "x"]]
+    words = ["negative", "positive", "very good", "very bad"]
+    assert len(tok.encode(" very good", add_special_tokens=False)) > 1
+    got = label_scores(model, tok, prompts, words, batch_size=3, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            ids_p = tok.encode(p, add_special_tokens=False)
+            for j, w in enumerate(words):
+                ids_w = tok.encode(" " + w, add_special_tokens=False)
+                logp = model(torch.tensor([ids_p + ids_w])).logits[0].log_softmax(-1)
+                want = sum(logp[len(ids_p) + t - 1, ids_w[t]].item() for t in range(len(ids_w)))
+                assert abs(got[i, j].item() - want) <= 1e-4, (i, w)

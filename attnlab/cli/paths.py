@@ -12,6 +12,7 @@ the path, e.g. `attnlab embed: error: --input /x/y.txt: no such file`.
   models           a list of those (a repeated option)
   model_or_preset  a preset name (bert-base, ...) or a model
   tokenizer        "char", or an existing readable tokenizer directory or file
+  adapters         a list (a repeated option) of directories, each possibly named: NAME=DIR
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ INPUTS: dict[str, dict[str, str]] = {
     "distill": {"teacher": "model", "corpus": "dir"},
     "translate": {"model": "model", "input": "file"},
     "serve": {"model": "model", "api_key_file": "file", "ssl_certfile": "file", "ssl_keyfile": "file",
-              "adapter": "dir"},
+              "adapter": "adapters"},
     "curve": {"model": "models", "scratch": "models", "train": "file", "valid": "file"},
     "sft": {"model": "model", "data": "file", "valid": "file"},
     "dpo": {"model": "model", "data": "file"},
@@ -113,6 +114,8 @@ def check(kind: str, value) -> list[tuple[str, str]]:
         return [p for item in items for p in check("file", item)]
     if kind == "models":
         return [p for item in value for p in check("model", item)]
+    if kind == "adapters":
+        return [p for item in value for p in check("dir", split_named(item)[1])]
     if kind == "model_or_preset":
         from ..config import PRESETS
         return [] if str(value) in PRESETS else check("model", value)
@@ -133,6 +136,14 @@ def check(kind: str, value) -> list[tuple[str, str]]:
             return [(str(path / "metrics.jsonl"), "no such file")]
     why = {"file": _why_not_file, "dir": _why_not_dir, "run_dir": _why_not_dir}[kind](Path(value))
     return [(str(value), why)] if why else []
+
+
+def split_named(value: str) -> tuple[str | None, str]:
+    """"NAME=DIR" -> (NAME, DIR); a plain DIR (also one whose own name holds "=") -> (None, DIR)."""
+    name, sep, path = str(value).partition("=")
+    if not sep or Path(value).exists() or not name or "/" in name:
+        return None, str(value)
+    return name, path
 
 
 def option_name(parser: argparse.ArgumentParser, dest: str) -> str:

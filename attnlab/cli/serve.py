@@ -16,6 +16,7 @@ examples:
   attnlab serve smollm2 --port 8000
   curl -s localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":20}'
   attnlab serve sentence-transformers/all-MiniLM-L6-v2 --dtype int8
+  attnlab serve smollm2 --adapter sentiment=runs/smol-sft --adapter german=runs/smol-de   # "model": "german"
   ATTNLAB_API_KEY=$(cat ~/.attnlab-key) attnlab serve smollm2 --host 0.0.0.0 --ssl-certfile c.pem --ssl-keyfile k.pem
 """
 from __future__ import annotations
@@ -34,8 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="precision of linear layers")
-    p.add_argument("--adapter", metavar="DIR", help="a LoRA (or attnlab bottleneck) adapter in peft's layout, "
-                                                    "applied to MODEL (LoRA merged: no cost per token)")
+    p.add_argument("--adapter", metavar="[NAME=]DIR", action="append",
+                   help="a LoRA (or attnlab bottleneck) adapter in peft's layout. DIR alone: applied to MODEL (LoRA "
+                        "merged: no cost per token). NAME=DIR, repeated: several adapters over one copy of MODEL "
+                        "(unmerged, each in its own engine); a request's \"model\": NAME picks one, no \"model\" "
+                        "(or --name) the base model")
     p.add_argument("--name", default=None, help="model name reported in responses (default: MODEL)")
     p.add_argument("--max-input-tokens", type=int, default=d.max_input_tokens, help="longest accepted input")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="largest accepted max_tokens")
@@ -88,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.app import Limits, create_app
     from ..serve.auth import ENV_VAR, is_loopback, resolve_api_key
     from ..serve.drain import run_server
+    from .paths import split_named
     if args.compile and args.dtype != "fp32":
         raise SystemExit("attnlab serve: --compile needs --dtype fp32")
     if args.compile_tokens is not None and (not args.compile or args.compile_tokens < 1):
@@ -100,14 +105,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"attnlab serve: warning: {args.host} is reachable from other machines and no API key is set: anyone "
               f"who can reach port {args.port} can use this server (set --api-key-file or {ENV_VAR})",
               file=sys.stderr, flush=True)
+    named = [split_named(a) for a in args.adapter or []]
+    if named and (any(n is None for n, _ in named) and len(named) > 1 or len({n for n, _ in named}) < len(named)):
+        raise SystemExit("attnlab serve: --adapter: either one DIR (merged into MODEL) or NAME=DIR options with "
+                         "distinct names")
+    if any(n is not None for n, _ in named) and (args.dtype != "fp32" or args.compile):
+        raise SystemExit("attnlab serve: --adapter NAME=DIR serves unmerged adapters: use --dtype fp32, no --compile")
     torch.set_grad_enabled(False)
     model = attnlab.load(args.model)
-    if args.adapter:
+    adapters = {}
+    if named and named[0][0] is None:
         from ..interop.peft import attach_adapter
         from ..nn.lora import adapter_modules
-        attach_adapter(model, args.adapter)
+        attach_adapter(model, named[0][1])
         if adapter_modules(model) and args.dtype != "fp32":
             raise SystemExit("attnlab serve: bottleneck adapters cannot be quantized; use --dtype fp32")
+    elif named:
+        from ..interop.peft import adapter_view
+        adapters = {n: adapter_view(model, d) for n, d in named}
     if args.dtype != "fp32":
         model = quantize(model, args.dtype, inplace=True)
     tokenizer = attnlab.load_tokenizer(args.model)
@@ -115,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                     max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                     max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)
     app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile,
-                     compile_tokens=args.compile_tokens, api_key=api_key)
+                     compile_tokens=args.compile_tokens, api_key=api_key, adapters=adapters)
     run_server(app, host=args.host, port=args.port, drain_seconds=args.drain_seconds,
                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     return 0

@@ -97,6 +97,28 @@ def attach_adapter(model: Model, directory: str | Path) -> Model:
     return model.eval()
 
 
+def adapter_view(model: Model, directory: str | Path) -> Model:
+    """Another model over the *same* base weights with `directory`'s adapter on top, left unmerged, so that
+    one server holds the base model once and any number of adapters (each adds its small matrices, and
+    r-rank products per token; merging would write into the shared weights). An adapter that also saves
+    whole modules (a task head) is refused: loading it would overwrite weights the other models use."""
+    import copy
+
+    from safetensors import safe_open
+    weights = Path(directory) / ADAPTER_WEIGHTS
+    if weights.exists():
+        with safe_open(str(weights), "pt") as f:
+            whole = [k[len(PREFIX):] for k in f.keys() if not is_adapter_parameter(k)]
+        if whole:
+            raise ValueError(f"{weights}: saves whole modules ({whole[0]}) besides the adapter; it cannot share the "
+                             f"base weights with other adapters (serve it alone, merged)")
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    view = copy.deepcopy(model, memo=shared)   # new modules, the same Parameter and buffer objects
+    for m in view.modules():   # attention's stacked Q/K/V copy (nn/attention.py) is rebuilt on demand, not copied
+        m.__dict__.pop("_qkv_cache", None)
+    return load_adapter(view, directory).eval()
+
+
 def _task_type(model: Model) -> str | None:
     arch = getattr(model, "hf_architecture", "")
     return next((t for suffix, t in TASK_TYPES.items() if arch.endswith(suffix)), None)

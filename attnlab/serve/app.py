@@ -110,12 +110,20 @@ def model_kind(model) -> str:
 
 def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None = None,
                start_engine: bool = True, compile: bool | dict = False,
-               compile_tokens: int | None = None, api_key: str | None = None) -> FastAPI:
+               compile_tokens: int | None = None, api_key: str | None = None,
+               adapters: dict | None = None) -> FastAPI:
     """compile: the decoder engine's decode step runs compiled (see `Engine`); its buckets for contexts
     up to `compile_tokens` (default: the first bucket) are compiled here, before the server accepts requests.
-    api_key: every request but GET /health must send `Authorization: Bearer <api_key>` (see auth.py)."""
+    api_key: every request but GET /health must send `Authorization: Bearer <api_key>` (see auth.py).
+    adapters: {name: model} of a decoder, e.g. `interop.peft.adapter_view`s over `model`'s weights; a
+    completion request's "model" field picks one (see generation.py), each decodes in its own engine."""
     limits = limits or Limits()
     kind = model_kind(model)
+    adapters = dict(adapters or {})
+    if adapters and (kind != "decoder" or compile):
+        raise ValueError("named adapters are served for decoders without compile")
+    if name in adapters:
+        raise ValueError(f"adapter name {name!r} is the base model's name; pick another")
     metrics = Metrics()
     engine = None
     if kind == "decoder":
@@ -124,6 +132,10 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         if compile:
             print("attnlab serve: compiling the decode step (once; a few minutes)...", file=sys.stderr, flush=True)
             engine.warmup(compile_tokens)
+    # one engine per adapter: its own batch and KV pool (limits.num_blocks each), the base weights shared
+    engines = {name: engine, **{n: Engine(m, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
+                                          max_batch=limits.max_batch, max_waiting=limits.max_queued)
+                                for n, m in adapters.items()}} if engine is not None else {}
     # a text longer than the model's positions is refused, not truncated or crashed on
     max_embed_tokens = min(limits.max_input_tokens, model.config.max_position_embeddings)
     worker = EncoderWorker(model, tokenizer, max_queued=limits.max_queued, max_length=max_embed_tokens,
@@ -134,12 +146,13 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
 
     @asynccontextmanager
     async def lifespan(app):
-        if engine is not None and start_engine:
-            engine.start()
+        if start_engine:
+            for e in engines.values():
+                e.start()
         worker.start()
         yield
-        if engine is not None:
-            engine.stop()
+        for e in engines.values():
+            e.stop()
         worker.stop()
 
     app = FastAPI(title=f"attnlab: {name}", lifespan=lifespan)
@@ -147,7 +160,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     if api_key is not None:
         known = {"/health", "/metrics", "/viz", "/docs", "/openapi.json", "/v1/embeddings", "/v1/classify",
-                 "/v1/completions", "/v1/chat/completions"}
+                 "/v1/completions", "/v1/chat/completions", "/v1/models"}
         app.add_middleware(ApiKeyAuth, key=api_key,  # an unknown path is counted as "other": bounded /metrics
                            on_reject=lambda path: metrics.record(path if path in known else "other", 401))
     drain = Drain()
@@ -190,6 +203,8 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     async def health():
         out = {"status": "ok", "model": name, "kind": kind, "endpoints": endpoints,
                "precision": linear_precision(model)}
+        if adapters:
+            out["adapters"] = sorted(adapters)
         if engine is not None:  # still "ok": a failed step fails its own requests and the engine goes on
             out["failures"] = {"steps": engine.stats["failed_steps"], "requests": engine.stats["failed_requests"],
                                "last_error": engine.last_error}
@@ -274,7 +289,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
 
     # ------------------------------------------------------------------ decoders
     if kind == "decoder":
-        register_generation(app, engine, tokenizer, name, limits, metrics, ApiError)
+        register_generation(app, engines, tokenizer, name, limits, metrics, ApiError)
 
     for path in ("/v1/embeddings", "/v1/classify", "/v1/completions", "/v1/chat/completions"):
         if path not in endpoints:  # a clear answer instead of a bare 404

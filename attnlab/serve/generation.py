@@ -1,5 +1,10 @@
 """POST /v1/completions and /v1/chat/completions: OpenAI request/response shapes, `stream: true` as
-server-sent events (`data: {chunk}` lines, then `data: [DONE]`), over the continuous-batching engine."""
+server-sent events (`data: {chunk}` lines, then `data: [DONE]`), over the continuous-batching engine.
+
+Several adapters over one base model (`serve --adapter NAME=DIR`): each name has its own engine, and the
+request's "model" field picks it (OpenAI's field for which model answers); no field, or the server's own
+name, is the base model; an unknown name is a 404 listing the names served. GET /v1/models lists them.
+A server without named adapters ignores the field, as before (clients send whatever name they know)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,10 +19,24 @@ from .schemas import ChatRequest, CompletionRequest, sse
 from .workers import TokenStream
 
 
-def register_generation(app: FastAPI, engine, tokenizer, name: str, limits, metrics, ApiError) -> None:
-    context = engine.context
+def register_generation(app: FastAPI, engines: dict, tokenizer, name: str, limits, metrics, ApiError) -> None:
+    """engines: {model name: Engine}, the base model's under `name`."""
+    context = engines[name].context
 
-    def submit(body, ids: list[int], prompt_param: str, stream: TokenStream):
+    def pick(body):
+        if len(engines) == 1 or body.model is None or body.model == name:
+            return name, engines[name]
+        if body.model not in engines:
+            raise ApiError(404, f"model {body.model!r} is not served here; models: {', '.join(engines)}", "model",
+                           kind="model_not_found")
+        return body.model, engines[body.model]
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "attnlab",
+                                            **({"parent": name} if n != name else {})} for n in engines]}
+
+    def submit(engine, body, ids: list[int], prompt_param: str, stream: TokenStream):
         if len(ids) > limits.max_input_tokens:
             raise ApiError(400, f"{prompt_param} has {len(ids)} tokens; max_input_tokens is {limits.max_input_tokens}",
                            prompt_param)
@@ -41,12 +60,13 @@ def register_generation(app: FastAPI, engine, tokenizer, name: str, limits, metr
 
     async def run(body, prompt: str, prompt_param: str, chat: bool, endpoint: str):
         started = time.perf_counter()
+        answering, engine = pick(body)
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         if not ids:
             raise ApiError(400, f"{prompt_param} encodes to no tokens", prompt_param)
         loop = asyncio.get_running_loop()
         stream = TokenStream(tokenizer, loop, body.stops(), set(engine.eos))
-        req = submit(body, ids, prompt_param, stream)
+        req = submit(engine, body, ids, prompt_param, stream)
         rid = ("chatcmpl-" if chat else "cmpl-") + f"{req.id:08d}{int(started * 1000) % 10 ** 8:08d}"
         created = int(time.time())
         deadline = loop.time() + limits.request_timeout
@@ -88,7 +108,7 @@ def register_generation(app: FastAPI, engine, tokenizer, name: str, limits, metr
             choice = ({"index": 0, "message": {"role": "assistant", "content": stream.text},
                        "finish_reason": finish_reason()} if chat else
                       {"index": 0, "text": stream.text, "logprobs": None, "finish_reason": finish_reason()})
-            return {"id": rid, "object": obj, "created": created, "model": name, "choices": [choice],
+            return {"id": rid, "object": obj, "created": created, "model": answering, "choices": [choice],
                     "usage": usage()}
 
         def chunk(piece: str | None, reason: str | None = None, role: bool = False) -> dict:
@@ -97,7 +117,7 @@ def register_generation(app: FastAPI, engine, tokenizer, name: str, limits, metr
                 c = {"index": 0, "delta": delta, "finish_reason": reason}
             else:
                 c = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": reason}
-            return {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": name,
+            return {"id": rid, "object": obj + ".chunk" if chat else obj, "created": created, "model": answering,
                     "choices": [c]}
 
         async def events():

@@ -8,20 +8,7 @@ OUT=${1:-/tmp/lora_exp}
 PY=${PY:-python}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
-# the training file and the clean held-out file, exactly as experiments/fewlabel/sst2_fewlabel.py builds them
-$PY - "$OUT" <<'PYEOF'
-import random, sys
-from pathlib import Path
-sys.path.insert(0, "experiments/fewlabel")
-from sst2_fewlabel import _write, sentences_of
-from attnlab.tasks import get_task
-from attnlab.tasks.base import data_root
-from attnlab.tasks.finetune import sentence_holdout
-out = Path(sys.argv[1]); task = get_task("sst2")
-rest, held = sentence_holdout(task.read(data_root() / task.train_file), 872, 0)
-_write(out / "heldout-872.tsv", held)
-_write(out / "train-1000.tsv", random.Random(0).sample(sentences_of(rest), 1000))
-PYEOF
+$PY "$(dirname "$0")/sst2_split.py" "$OUT"   # heldout-872.tsv, train-1000.tsv
 run() {  # name, extra finetune flags...
   local name=$1; shift
   echo "load before $name: $(cat /proc/loadavg)"

@@ -66,7 +66,7 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
         "experiment": lambda v: ["experiment", "sqrt-dk", "--tiny", "--data", v["data"], "--output", o],
         "evaluate-prompting": lambda v: ["evaluate-prompting", "--model", v["model"], "--data", v["data"], "--pool", v["pool"]],
     }[command]
-    values = {k: {"file": f, "files": f, "dir": d, "model": m, "models": m, "model_or_preset": m, "tokenizer": d, "run_dir": d}[kind]
+    values = {k: {"file": f, "files": f, "dir": d, "model": m, "models": m, "model_or_preset": m, "tokenizer": d, "run_dir": d, "adapters": d}[kind]
               for k, kind in INPUTS[command].items()}
     values[dest] = bad
     return base(values)
@@ -120,7 +120,7 @@ def test_missing_path(command, dest, kind, good, capsys, tmp_path):
 
 
 WRONG_TYPE = [(c, d, k) for c, d, k in CASES
-              if k in ("file", "files", "dir", "run_dir", "model", "models", "model_or_preset")]
+              if k in ("file", "files", "dir", "run_dir", "model", "models", "model_or_preset", "adapters")]
 
 
 @pytest.mark.parametrize("command,dest,kind", WRONG_TYPE, ids=[f"{c}-{d}" for c, d, _ in WRONG_TYPE])
@@ -142,11 +142,17 @@ def test_directory_that_is_not_a_model(good, capsys):
     assert_one_line(code, err, "MODEL", str(good["dir"]), "not a model directory", "embed")
 
 
+def test_named_adapter_path_is_checked(good, capsys, tmp_path):
+    missing = str(tmp_path / "no-adapter")
+    code, _, err = run_cli(["serve", str(good["model"]), "--adapter", f"sst={missing}"], capsys)
+    assert_one_line(code, err, "--adapter", missing, "no such directory", "serve")
+
+
 @pytest.mark.parametrize("command,dest,kind", CASES, ids=[f"{c}-{d}" for c, d, _ in CASES])
 def test_unreadable_path(command, dest, kind, good, capsys, tmp_path, monkeypatch):
     """chmod 000. As root every file is readable, so there the permission check itself is made to fail
     (os.access says no) for that one path: the same message path, exercised without a real denial."""
-    is_dir = kind in ("dir", "run_dir", "model", "models", "model_or_preset", "tokenizer")
+    is_dir = kind in ("dir", "run_dir", "model", "models", "model_or_preset", "tokenizer", "adapters")
     target = tmp_path / ("locked" if is_dir else "locked.txt")
     if is_dir:
         target.mkdir()
