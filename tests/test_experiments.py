@@ -125,7 +125,10 @@ def test_bottleneck_trains_three_translators_and_scores_by_length(tmp_path):
 def test_objectives_pretrains_three_ways_and_fine_tunes_each(tmp_path, data_dir):
     _, data = _written(tmp_path, run("objectives", tmp_path, tiny=True, data=data_dir).name)
     assert [r[0] for r in data["rows"]] == ["MLM", "MLM + NSP", "ELECTRA", "no pretraining (random init)"]
-    assert all(0 <= r[5] <= 100 for r in data["rows"])
+    assert all(0 <= r[6] <= 100 for r in data["rows"])  # SST-2 accuracy
+    mlm = data["rows"][0]
+    assert 0 <= mlm[4] <= 1 and 0 <= mlm[5] <= 1  # held-out MLM accuracy beside the unigram baseline's
+    assert data["holds"] in (True, False, None) and "SST-2 with 40 labels" in data["verdict"]
     assert (tmp_path / "finetune" / "curve.json").exists()
 
 
