@@ -97,6 +97,20 @@ def test_evaluate_lm_kept_quantized_equals_dequantized(tiny_files, capsys, monke
     assert abs(bf16["perplexity"] / dense["perplexity"] - 1) <= 2e-2
 
 
+def test_bf16_kept_model_runs_bf16_activations(tiny_files):
+    """model.to(bf16) leaves the uint8 blocks alone; the embedding's rows, and so every product, are bf16."""
+    from attnlab.inference.quantize import linear_precision
+    model = attnlab.load(tiny_files[0]["Q4_0"], quantized=True).to(torch.bfloat16)
+    seen = []
+    model.backbone.layers[1].ffn.down.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert model.backbone.embeddings.tok(ids).dtype == torch.bfloat16 and model.backbone.embeddings.tok.blocks.dtype == torch.uint8
+    assert seen == [(torch.bfloat16, torch.bfloat16)] and logits.dtype == torch.bfloat16
+    assert linear_precision(model) == "bf16"
+
+
 def test_bad_blocks_and_ids_are_named():
     with pytest.raises(ValueError, match="row length 40 is not a multiple"):
         q.BlockLinear(torch.zeros(2, 40, dtype=torch.uint8), 8, 40, 2)

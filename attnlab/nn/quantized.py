@@ -191,6 +191,9 @@ class BlockEmbedding(nn.Module):
         _check_blocks(blocks, kind, num_embeddings, embedding_dim, "token embedding")
         self.num_embeddings, self.embedding_dim, self.kind = num_embeddings, embedding_dim, kind
         self.register_buffer("blocks", blocks, persistent=False)
+        # an empty float buffer that `model.to(torch.bfloat16)` converts like every float tensor: the rows come
+        # out in its dtype, so a bf16 model's activations are bf16 from the first layer on
+        self.register_buffer("out_dtype", torch.empty(0), persistent=False)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {BLOCK_TYPES[self.kind][0]}"
@@ -200,4 +203,4 @@ class BlockEmbedding(nn.Module):
         return dequantize_rows(self.blocks, self.kind, self.embedding_dim, torch.arange(self.num_embeddings))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_rows(self.blocks, self.kind, self.embedding_dim, ids)
+        return dequantize_rows(self.blocks, self.kind, self.embedding_dim, ids).to(self.out_dtype.dtype)

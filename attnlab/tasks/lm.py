@@ -258,8 +258,8 @@ def _pseudo_perplexity(model, tokenizer, text: str, context: int, batch_size: in
 
 def kept_quantized(model) -> str | None:
     """The GGML block types the model's weights stay in ("Q4_1+Q8_0"), or None for a dense model."""
-    from ..nn.quantized import BLOCK_TYPES
-    kinds = {BLOCK_TYPES[m.kind][0] for m in model.modules() if hasattr(m, "blocks") and hasattr(m, "kind")}
+    from ..nn.quantized import BLOCK_TYPES, BlockEmbedding, BlockLinear
+    kinds = {BLOCK_TYPES[m.kind][0] for m in model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))}
     return "+".join(sorted(kinds)) or None
 
 
