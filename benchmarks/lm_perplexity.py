@@ -16,7 +16,7 @@ it is run after the interleaved sides, alone, with `-t` = this process's thread 
 (2048 tokens: 4 chunks of 512 at once, as attnlab's and transformers' default batch of 4 windows).
 
 The load average (1 min) is sampled after every batch and around llama.cpp; each row reports it. With
---json, the running figures of the interleaved sides are written there every 10 batches ("partial"), so a run
+--json, the running figures of the interleaved sides are written there after every batch ("partial"), so a run
 stopped early still gives every side's numbers over the same first chunks (llama-perplexity's log prints its
 running estimate per chunk too).
 """
@@ -102,6 +102,8 @@ def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, thr
         while proc.poll() is None:
             time.sleep(2)
             loads.append(os.getloadavg()[0])
+        if partial:
+            partial({"windows_done": sum(len(b) for b in todo[:i + 1]), **side_figures(sums, fed, loads)})
         log.seek(0)
         out = log.read()
     wall = time.perf_counter() - start
@@ -156,8 +158,7 @@ def run_sides(sides: dict, windows, batch_size: int, label: str, partial=None) -
             print(f"  {label}: batch {i + 1}/{len(todo)}, {done / 60:.1f} min, eta "
                   f"{done / (i + 1) * (len(todo) - i - 1) / 60:.1f} min, load {loads[-1]:.2f}", file=sys.stderr,
                   flush=True)
-            if partial:
-                partial({"windows_done": sum(len(b) for b in todo[:i + 1]), **side_figures(sums, fed, loads)})
+
     return side_figures(sums, fed, loads)
 
 
