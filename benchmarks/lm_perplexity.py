@@ -1,10 +1,11 @@
-"""SmolLM2-135M (the packaged Q4_1 GGUF) perplexity on WikiText-2 valid: attnlab (fp32 and bf16) beside
+"""SmolLM2-135M (the packaged Q4_1 GGUF) perplexity on WikiText-2 valid: attnlab (fp32 and bf16, dequantized
+or with the weights kept quantized: `attnlab.load(..., quantized=True)`, as `evaluate lm` runs a .gguf) beside
 transformers (fp32, same windows, same threads, timed batch by batch in turns in one process) and llama.cpp's
 `llama-perplexity` on the same file; then, with --quant, the cost of each precision attnlab can write.
 
   OMP_NUM_THREADS=1 python benchmarks/lm_perplexity.py [--chars N] [--context 512] [--convention llama.cpp|hf]
-      [--stride S] [--batch-size 4] [--sides attnlab,attnlab-bf16,transformers] [--quant [--quant-chars N]]
-      [--json OUT.json]
+      [--stride S] [--batch-size 4] [--sides attnlab,attnlab-bf16,attnlab-kept,attnlab-kept-bf16,transformers]
+      [--quant [--quant-chars N] [--quant-rows fp32,bf16,int8,gguf,kept]] [--json OUT.json]
 
 The whole valid split (~274k tokens) by default; `--chars N` keeps only the first N characters (quick mode).
 llama.cpp is not fetched or built by attnlab: `scripts/build-llama-cpp.sh` builds `llama-perplexity` and
@@ -14,7 +15,10 @@ says so. llama-perplexity only has the llama.cpp convention, so it runs only wit
 it is run after the interleaved sides, alone, with `-t` = this process's thread count and its default batch
 (2048 tokens: 4 chunks of 512 at once, as attnlab's and transformers' default batch of 4 windows).
 
-The load average (1 min) is sampled after every batch and around llama.cpp; each row reports it.
+The load average (1 min) is sampled after every batch and around llama.cpp; each row reports it. With
+--json, the running figures of the interleaved sides are written there after every batch ("partial"), so a run
+stopped early still gives every side's numbers over the same first chunks (llama-perplexity's log prints its
+running estimate per chunk too).
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ from attnlab.inference.quantize import quantize  # noqa: E402
 from attnlab.interop.local import resolve  # noqa: E402
 from attnlab.tasks.lm import adds_bos, hf_windows, llama_cpp_windows, window_nll  # noqa: E402
 
-SIDES = ("attnlab", "attnlab-bf16", "transformers")
+SIDES = ("attnlab", "attnlab-bf16", "attnlab-kept", "attnlab-kept-bf16", "transformers")
+QUANT_ROWS = ("fp32", "bf16", "int8", "gguf", "kept")
 
 
 def hf_nll(model, batch) -> tuple[float, int]:
@@ -97,6 +102,8 @@ def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, thr
         while proc.poll() is None:
             time.sleep(2)
             loads.append(os.getloadavg()[0])
+        if partial:
+            partial({"windows_done": sum(len(b) for b in todo[:i + 1]), **side_figures(sums, fed, loads)})
         log.seek(0)
         out = log.read()
     wall = time.perf_counter() - start
@@ -121,14 +128,23 @@ def load_str(loads) -> str:
     return f"{loads[0]:.1f}/{loads[1]:.1f}/{loads[2]:.1f}"
 
 
-def run_sides(sides: dict, windows, batch_size: int, label: str) -> dict:
+def side_figures(sums: dict, fed: int, loads: list) -> dict:
+    load = [min(loads), sum(loads) / len(loads), max(loads)]
+    return {n: {"scored": c, "mean_nll": nll / c, "perplexity": math.exp(nll / c), "tokens_fed": fed,
+                "seconds": sec, "tokens_per_s": fed / sec, "cpu_seconds": cpu, "tokens_per_cpu_s": fed / cpu,
+                "load": load} for n, (nll, c, sec, cpu) in sums.items()}
+
+
+def run_sides(sides: dict, windows, batch_size: int, label: str, partial=None) -> dict:
     """Every side on every batch, in turns (order rotated each batch, so a slow spell hits all sides)."""
     names = list(sides)
     sums = {n: [0.0, 0, 0.0, 0.0] for n in names}
     loads = []
     todo = batches(windows, batch_size)
     start = time.perf_counter()
+    fed = 0
     for i, batch in enumerate(todo):
+        fed += sum(len(w.ids) for w in batch)
         for name in names[i % len(names):] + names[:i % len(names)]:
             t, c = time.perf_counter(), time.process_time()
             nll, n = sides[name](batch)
@@ -142,11 +158,8 @@ def run_sides(sides: dict, windows, batch_size: int, label: str) -> dict:
             print(f"  {label}: batch {i + 1}/{len(todo)}, {done / 60:.1f} min, eta "
                   f"{done / (i + 1) * (len(todo) - i - 1) / 60:.1f} min, load {loads[-1]:.2f}", file=sys.stderr,
                   flush=True)
-    fed = sum(len(w.ids) for w in windows)
-    load = [min(loads), sum(loads) / len(loads), max(loads)]
-    return {n: {"scored": c, "mean_nll": nll / c, "perplexity": math.exp(nll / c), "tokens_fed": fed,
-                "seconds": sec, "tokens_per_s": fed / sec, "cpu_seconds": cpu, "tokens_per_cpu_s": fed / cpu,
-                "load": load} for n, (nll, c, sec, cpu) in sums.items()}
+
+    return side_figures(sums, fed, loads)
 
 
 def main() -> None:
@@ -161,6 +174,9 @@ def main() -> None:
     p.add_argument("--quant", action="store_true",
                    help="also the cost-of-quantization table (fp32, int8, GGUF Q8_0/Q4_0 written by attnlab)")
     p.add_argument("--quant-chars", type=int, help="characters for the quantization table (default --chars)")
+    p.add_argument("--quant-rows", default=",".join(QUANT_ROWS),
+                   help="rows of the quantization table, of " + ", ".join(QUANT_ROWS) + " (gguf: the files attnlab "
+                        "writes, dequantized; kept: every GGUF kept quantized; the fp32 reference always runs)"),
     p.add_argument("--json", help="write every figure to this JSON file too")
     args = p.parse_args()
     threads = torch.get_num_threads()
@@ -193,6 +209,13 @@ def main() -> None:
     if "attnlab-bf16" in sides_wanted:
         ours16 = quantize(ours, "bf16")
         sides["attnlab-bf16"] = lambda b: window_nll(ours16, b, batch_size=len(b))
+    if {"attnlab-kept", "attnlab-kept-bf16"} & set(sides_wanted):
+        kept = attnlab.load(gguf, quantized=True)
+        if "attnlab-kept" in sides_wanted:
+            sides["attnlab-kept"] = lambda b: window_nll(kept, b, batch_size=len(b))
+        if "attnlab-kept-bf16" in sides_wanted:
+            kept16 = quantize(kept, "bf16")
+            sides["attnlab-kept-bf16"] = lambda b: window_nll(kept16, b, batch_size=len(b))
     if "transformers" in sides_wanted:
         import transformers
         t = time.perf_counter()
@@ -201,7 +224,9 @@ def main() -> None:
         report["transformers_load_seconds"] = time.perf_counter() - t
         report["transformers_version"] = transformers.__version__
         sides["transformers"] = lambda b: hf_nll(hf, b)
-    results = run_sides(sides, windows, args.batch_size, "sides") if sides else {}
+    def partial(figures: dict) -> None:
+        Path(args.json).write_text(json.dumps({**report, "partial": figures}, indent=1))
+    results = run_sides(sides, windows, args.batch_size, "sides", partial if args.json else None) if sides else {}
 
     text_file = None
     if bin_dir and args.convention == "llama.cpp":
@@ -266,19 +291,31 @@ def quant_table(ours, tok, gguf: Path, text: str, args, bin_dir: Path | None, th
             rows.append(row)
             print(f"  quant: {row}", file=sys.stderr, flush=True)
 
-        add("Q4_1 GGUF as packaged (attnlab runs it dequantized)", gguf.stat().st_size, None, gguf)
-        f32 = save_gguf(ours, tmp / "f32.gguf", "F32", like=gguf)
-        add("fp32 (the Q4_1 weights dequantized; GGUF F32)", f32.stat().st_size, fp32, f32)
-        add("bf16 (attnlab, in memory)", sum(t.numel() * 2 for t in ours.parameters()), ppl(quantize(ours, "bf16")),
-            None)
-        int8 = quantize(ours, "int8")
-        torch.save(int8.state_dict(), tmp / "int8.pt")
-        add("int8 dynamic, per-channel, ffn.down fp32 (attnlab, state dict)", (tmp / "int8.pt").stat().st_size,
-            ppl(int8), None)
-        del int8
-        for qtype in ("Q8_0", "Q4_0"):
+        want = set(args.quant_rows.split(","))
+        if unknown := want - set(QUANT_ROWS):
+            raise SystemExit(f"--quant-rows: unknown {', '.join(sorted(unknown))}; choose from {', '.join(QUANT_ROWS)}")
+        kept = "kept" in want
+        add("Q4_1 GGUF as packaged" + (", attnlab kept quantized" if kept else " (attnlab runs it dequantized)"),
+            gguf.stat().st_size, ppl(attnlab.load(gguf, quantized=True)) if kept else None, gguf)
+        if "fp32" in want:
+            f32 = save_gguf(ours, tmp / "f32.gguf", "F32", like=gguf)
+            add("fp32 (the Q4_1 weights dequantized; GGUF F32)", f32.stat().st_size, fp32, f32)
+        if "bf16" in want:
+            add("bf16 (attnlab, in memory)", sum(t.numel() * 2 for t in ours.parameters()),
+                ppl(quantize(ours, "bf16")), None)
+        if "int8" in want:
+            int8 = quantize(ours, "int8")
+            torch.save(int8.state_dict(), tmp / "int8.pt")
+            add("int8 dynamic, per-channel, ffn.down fp32 (attnlab, state dict)", (tmp / "int8.pt").stat().st_size,
+                ppl(int8), None)
+            del int8
+        for qtype in ("Q8_0", "Q4_0") if want & {"gguf", "kept"} else ():
             path = save_gguf(ours, tmp / f"{qtype}.gguf", qtype, like=gguf)
-            add(f"GGUF {qtype} written by attnlab", path.stat().st_size, ppl(attnlab.load(path)), path)
+            if "gguf" in want:
+                add(f"GGUF {qtype} written by attnlab", path.stat().st_size, ppl(attnlab.load(path)), path)
+            if kept:  # llama.cpp's figure for the file is on the row above (same file)
+                add(f"GGUF {qtype} written by attnlab, kept quantized", path.stat().st_size,
+                    ppl(attnlab.load(path, quantized=True)), None)
     print(table([[r["precision"], f"{r['bytes'] / 1e6:.1f}",
                   "-" if r["attnlab"] is None else f"{r['attnlab']:.4f}",
                   "-" if r["attnlab_vs_fp32"] is None else f"{100 * r['attnlab_vs_fp32']:+.2f}%",

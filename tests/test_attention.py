@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnlab.config import ModelConfig
 from attnlab.nn import Attention, AttentionMask, scaled_dot_product_attention
@@ -142,3 +143,27 @@ def test_stacked_qkv_without_grad_equals_three_projections_and_follows_weight_up
     assert (changed - stacked).abs().max() > 1e-3
     assert (changed - expected).abs().max() <= 1e-6
     assert "_qkv_cache" not in attn.state_dict() and len(attn.state_dict()) == (8 if bias else 4)
+
+
+@pytest.mark.parametrize("hkv", [4, 2])
+def test_long_causal_inference_in_query_blocks_equals_one_call(hkv, monkeypatch):
+    """Without grad, a long causal self-attention runs as query blocks that skip the keys after them:
+    same output as one fused causal call (and as the explicit path), on a length that leaves a short block."""
+    import attnlab.nn.attention as A
+    calls = []
+    real = A._causal_blocks
+    monkeypatch.setattr(A, "_causal_blocks", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 300, 16), torch.randn(2, hkv, 300, 16), torch.randn(2, hkv, 300, 16)
+    causal = AttentionMask(None, is_causal=True)
+    with torch.no_grad():
+        got, _ = scaled_dot_product_attention(q, k, v, causal)
+        rep = 4 // hkv
+        want = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                              is_causal=True)
+        explicit, _ = scaled_dot_product_attention(q, k, v, causal, explicit=True)
+    assert calls == [1]
+    assert (got - want).abs().max().item() <= 1e-5 and (got - explicit).abs().max().item() <= 1e-5
+    q.requires_grad_(True)  # training keeps the single fused call
+    scaled_dot_product_attention(q, k, v, causal)
+    assert calls == [1]

@@ -20,7 +20,7 @@ TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 
 
 @pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("m", [1, 3, 8, 11])  # batch-1 tile, remainders, the 8-row tile and 8 + 3
+@pytest.mark.parametrize("m", [1, 3, 8, 11, 70])  # batch-1 tile, remainders, 8-row tile, 8 + 3, GEMM path
 def test_block_linear_equals_dequantized_fp32(name, m):
     rng = np.random.default_rng(TYPES[name] * 100 + m)
     n, k = 13, 96  # 13 rows: the 4-row tile plus a remainder
@@ -38,6 +38,77 @@ def test_block_linear_equals_dequantized_fp32(name, m):
     ids = torch.tensor([[0, 12], [5, 5]])
     assert (emb(ids) - ref_w[ids]).abs().max().item() <= 1e-6
     assert lin(x.view(1, m, k)).shape == (1, m, n)
+    got16 = lin(x.bfloat16())  # bf16 activations: bf16 tiles on the GEMM path, fp32 kernel below it
+    assert got16.dtype == torch.bfloat16
+    assert (got16.float() - want).abs().max().item() <= 3e-2 * max(1.0, want.abs().max().item())
+
+
+def test_gemm_path_tiles_a_tall_matrix_like_the_kernel(monkeypatch):
+    """Over GEMM_ROWS rows the weights are dequantized a tile of rows at a time (the LM head's 49k rows):
+    tiles must join into the same product as the row-by-row kernel gives."""
+    rng = np.random.default_rng(7)
+    n, k, m = 45, 64, q.GEMM_ROWS
+    blocks = quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32), gguf.GGMLQuantizationType.Q4_0)
+    lin = q.BlockLinear(torch.from_numpy(blocks), 2, k, n)
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+    monkeypatch.setattr(q, "_TILE_WEIGHTS", 16 * k)  # 16 rows per tile: 3 tiles, the last one short
+    tiled = lin(x)
+    monkeypatch.setattr(q, "GEMM_ROWS", 10 ** 9)
+    kernel = lin(x)
+    assert (tiled - kernel).abs().max().item() <= 1e-5 * kernel.abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    """A tiny LLaMA GGUF written by attnlab as Q8_0 and as Q4_0 (embedding Q8_0), and a text to score."""
+    from test_gguf_write import tiny_source
+    from attnlab.interop.gguf_write import save_gguf
+    root = tmp_path_factory.mktemp("lmq")
+    src = tiny_source(root / "src.gguf")
+    dense = attnlab.load(src)
+    files = {qt: save_gguf(dense, root / f"{qt}.gguf", qt, like=src) for qt in ("Q8_0", "Q4_0")}
+    text = root / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog; " * 8, encoding="utf-8")
+    return files, text
+
+
+def _evaluate(capsys, *args) -> dict:
+    import json
+    from attnlab.cli import main
+    assert main(["evaluate", "lm", *map(str, args)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("qtype,kinds", [("Q8_0", "Q8_0"), ("Q4_0", "Q4_0+Q8_0")])
+@pytest.mark.parametrize("convention", ["hf", "llama.cpp"])
+def test_evaluate_lm_kept_quantized_equals_dequantized(tiny_files, capsys, monkeypatch, qtype, kinds, convention):
+    files, text = tiny_files
+    args = ("--model", files[qtype], "--data", text, "--context", 64, "--batch-size", 2, "--convention", convention)
+    dense = _evaluate(capsys, *args, "--dequantize")
+    kept = _evaluate(capsys, *args)  # 2 windows x 64 rows: the GEMM path
+    assert dense["quantized"] is None and kept["quantized"] == kinds and kept["dtype"] == "fp32"
+    assert kept["scored_tokens"] == dense["scored_tokens"] > 100
+    assert abs(kept["perplexity"] / dense["perplexity"] - 1) <= 1e-5, (kept, dense)
+    monkeypatch.setattr(q, "GEMM_ROWS", 10 ** 9)  # the row-by-row block kernel, same number
+    assert abs(_evaluate(capsys, *args)["perplexity"] / dense["perplexity"] - 1) <= 1e-5
+    monkeypatch.undo()
+    bf16 = _evaluate(capsys, *args, "--dtype", "bf16")  # bf16 tiles: near, not equal
+    assert bf16["dtype"] == "bf16" and bf16["quantized"] == kinds
+    assert abs(bf16["perplexity"] / dense["perplexity"] - 1) <= 2e-2
+
+
+def test_bf16_kept_model_runs_bf16_activations(tiny_files):
+    """model.to(bf16) leaves the uint8 blocks alone; the embedding's rows, and so every product, are bf16."""
+    from attnlab.inference.quantize import linear_precision
+    model = attnlab.load(tiny_files[0]["Q4_0"], quantized=True).to(torch.bfloat16)
+    seen = []
+    model.backbone.layers[1].ffn.down.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert model.backbone.embeddings.tok(ids).dtype == torch.bfloat16 and model.backbone.embeddings.tok.blocks.dtype == torch.uint8
+    assert seen == [(torch.bfloat16, torch.bfloat16)] and logits.dtype == torch.bfloat16
+    assert linear_precision(model) == "bf16"
 
 
 def test_bad_blocks_and_ids_are_named():

@@ -3,9 +3,12 @@
 example:
   attnlab evaluate conll2003 --model out/conll2003 --data ../shared/data/conll2003/valid.txt
   attnlab evaluate lm --model smollm2 --data ../shared/data/wikitext-2/valid.txt --context 512
+  attnlab evaluate lm --model model.gguf --data valid.txt --convention llama.cpp --dtype bf16   # kept quantized
+  attnlab evaluate lm --model model.gguf --data valid.txt --dequantize                         # dense fp32
 
 `evaluate lm` scores any text with a decoder (perplexity, bits per byte, word perplexity); input it cannot
 score (empty, invalid UTF-8, under two tokens, --stride > --context, no LM head) exits with status 2.
+A .gguf model keeps its Q4_0/Q4_1/Q8_0 weights quantized unless --dequantize.
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="lm: precision the model runs in (default fp32; bf16 is ~1.8x faster where the CPU has "
                         "AVX512-BF16/AMX, perplexity ~+0.1%%)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="lm, .gguf: dequantize the weights to dense fp32 (default: Q4_0/Q4_1/Q8_0 stay quantized, "
+                        "dequantized a tile at a time into the matrix products; same perplexity to rounding)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +68,8 @@ def _run_lm(args: argparse.Namespace) -> int:
     try:
         result = evaluate_lm(args.model, args.data, context=args.context, stride=args.stride,
                              batch_size=args.batch_size, convention=args.convention, progress=True,
-                             dtype=args.dtype)
+                             dtype=args.dtype, dequantize=args.dequantize,
+                             note=lambda line: print(line, file=sys.stderr))
     except LMInputError as err:  # input the evaluation cannot score: status 2, like argparse's usage errors
         if args.debug:
             raise

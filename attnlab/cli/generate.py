@@ -50,15 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _keep_quantized(args: argparse.Namespace) -> bool:
     """A .gguf file runs on its quantized blocks unless --dequantize or --compile (inductor compiles the
     fp32 model) asks otherwise, or the block kernels cannot be built here (then fp32, with a note)."""
-    from ..interop.local import resolve
-    if args.dequantize or args.compile or resolve(args.model).suffix.lower() != ".gguf":
-        return False
-    from ..nn import quantized
-    if not quantized.available():
-        print(f"note: quantized GGUF kernels unavailable ({quantized.why_unavailable()}); using fp32",
-              file=sys.stderr)
-        return False
-    return True
+    from ..interop.api import keeps_quantized
+    return keeps_quantized(args.model, args.dequantize or args.compile, note=lambda s: print(s, file=sys.stderr))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -53,9 +53,14 @@ def quantize(model: nn.Module, dtype: str, *, inplace: bool = False, keep_fp32: 
 
 def linear_precision(model: nn.Module) -> str:
     """What the linear layers run in: "int8", "bf16" or "fp32" (for /health and benchmark tables)."""
+    from ..nn.quantized import BlockLinear
     for m in model.modules():
         if type(m).__module__.startswith("torch.ao.nn.quantized"):
             return "int8"
         if isinstance(m, nn.Linear):
             return "bf16" if m.weight.dtype == torch.bfloat16 else "fp32"
+        if isinstance(m, BlockLinear):  # GGUF blocks: products run in the dtype of the activations, which
+            # follow the model's float parameters (norms)
+            p = next((p for p in model.parameters() if p.is_floating_point()), None)
+            return "bf16" if p is not None and p.dtype == torch.bfloat16 else "fp32"
     return "fp32"

@@ -37,6 +37,20 @@ def load(name_or_path: str | Path, architecture: str | None = None, dtype=None, 
     return load_pretrained(path, architecture=architecture, dtype=dtype, device=device, extra=extra)
 
 
+def keeps_quantized(name_or_path: str | Path, dequantize: bool = False, note=None) -> bool:
+    """Whether `load(..., quantized=True)` should be used: a .gguf runs on its quantized blocks unless
+    `dequantize` asks for fp32 or the block kernels cannot be built here (then fp32, and `note` gets one
+    line saying why)."""
+    if dequantize or resolve(name_or_path).suffix.lower() != ".gguf":
+        return False
+    from ..nn import quantized
+    if not quantized.available():
+        if note is not None:
+            note(f"note: quantized GGUF kernels unavailable ({quantized.why_unavailable()}); using fp32")
+        return False
+    return True
+
+
 def save(model: Model, directory: str | Path, layout: str = "auto") -> Path:
     """Write `model` into `directory` atomically. layout="auto": the Hugging Face layout (transformers
     loads it) when the model's family can express it, else attnlab's own (`load` reads both);

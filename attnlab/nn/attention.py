@@ -159,6 +159,24 @@ class AttentionMask:
         return self._from_recipe(qs, qe, ks, ke)
 
 
+# Query rows per call when a long causal self-attention is split (`_causal_blocks`); 64-128 measured best.
+_CAUSAL_BLOCK = 128
+
+
+def _causal_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
+    """Plain causal self-attention as blocks of query rows, each given only the keys up to its own end.
+    torch's CPU flash kernel splits the keys into blocks of 512, so at T <= 512 its causal flag skips no
+    work; here the masked upper triangle is skipped block by block: 26-31% less time at T = 512 (SmolLM2's
+    9 query / 3 key heads, fp32 and bf16, one thread). Same values: the skipped keys have weight 0."""
+    t, out = q.size(2), []
+    for s in range(0, t, _CAUSAL_BLOCK):
+        e = min(s + _CAUSAL_BLOCK, t)
+        allowed = torch.ones(e - s, e, dtype=torch.bool, device=q.device).tril(s)
+        out.append(F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=allowed,
+                                                  scale=scale, **({"enable_gqa": True} if gqa else {})))
+    return torch.cat(out, dim=2)
+
+
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                  mask: AttentionMask | None = None, bias: torch.Tensor | None = None,
                                  scale: float | None = None, dropout_p: float = 0.0,
@@ -168,6 +186,10 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     groups = q.size(1) // k.size(1)  # GQA/MQA: each key/value head serves a group of query heads
     scale = q.size(-1) ** -0.5 if scale is None else scale
     mask = mask or AttentionMask()
+    if (mask.is_causal and mask.allowed is None and bias is None and not explicit and not tiled and dropout_p == 0
+            and q.device.type == "cpu" and not torch.is_grad_enabled() and q.size(2) == k.size(2) >= 2 * _CAUSAL_BLOCK
+            and (groups == 1 or _HAS_GQA)):  # inference on long prompts/windows (training keeps one fused call)
+        return _causal_blocks(q, k, v, scale, groups > 1), None
     if groups > 1 and not explicit and not tiled and bias is None:
         if q.size(2) == 1 and not mask.is_causal:
             # One query per head (a decoding step): the group's query heads become the kv head's queries,

@@ -25,6 +25,10 @@ from torch import nn
 # GGML type id -> (name, bytes per block of 32 weights)
 BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 _SOURCE = Path(__file__).with_name("csrc") / "ggml_blocks.c"
+# From this many input rows on, BlockLinear dequantizes weight tiles and multiplies with torch's GEMM; below,
+# the block kernel's dot products (batch-1 decoding reads each weight once: bytes moved dominate).
+GEMM_ROWS = 64
+_TILE_WEIGHTS = 1 << 20  # weights dequantized at a time (4 MB fp32): every SmolLM2 matrix but the LM head
 _lib = None
 _error: str | None = None
 
@@ -133,6 +137,11 @@ class BlockLinear(nn.Module):
             raise RuntimeError("BlockLinear is inference-only (no gradients through quantized blocks)")
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        if x2.size(0) >= GEMM_ROWS:
+            out = self._gemm(x2)
+            if self.bias is not None:
+                out += self.bias.to(out.dtype)
+            return out.view(*shape[:-1], self.out_features).to(x.dtype)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.to(torch.float32).contiguous()
         m = x2.size(0)
@@ -143,6 +152,22 @@ class BlockLinear(nn.Module):
             out += self.bias
         out = out.view(*shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+    def _gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """Many rows (a prompt, perplexity windows): dequantize a tile of weight rows at a time and hand it to
+        torch's GEMM. Each dequantized weight then serves every input row, where the block kernel above
+        re-widens each block for each 8 rows; the tile, not the whole matrix, is ever held in floats.
+        bf16 inputs get bf16 tiles (native bf16 dot products where the CPU has them)."""
+        dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+        x = x.to(dtype)
+        step = max(1, _TILE_WEIGHTS // self.in_features)
+        parts = []
+        for n0 in range(0, self.out_features, step):
+            w = dequantize_rows(self.blocks, self.kind, self.in_features,
+                                torch.arange(n0, min(n0 + step, self.out_features)))
+            parts.append(x @ w.to(dtype).T)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def dequantize_rows(blocks: torch.Tensor, kind: int, cols: int, ids: torch.Tensor) -> torch.Tensor:
@@ -166,6 +191,9 @@ class BlockEmbedding(nn.Module):
         _check_blocks(blocks, kind, num_embeddings, embedding_dim, "token embedding")
         self.num_embeddings, self.embedding_dim, self.kind = num_embeddings, embedding_dim, kind
         self.register_buffer("blocks", blocks, persistent=False)
+        # an empty float buffer that `model.to(torch.bfloat16)` converts like every float tensor: the rows come
+        # out in its dtype, so a bf16 model's activations are bf16 from the first layer on
+        self.register_buffer("out_dtype", torch.empty(0), persistent=False)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {BLOCK_TYPES[self.kind][0]}"
@@ -175,4 +203,4 @@ class BlockEmbedding(nn.Module):
         return dequantize_rows(self.blocks, self.kind, self.embedding_dim, torch.arange(self.num_embeddings))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_rows(self.blocks, self.kind, self.embedding_dim, ids)
+        return dequantize_rows(self.blocks, self.kind, self.embedding_dim, ids).to(self.out_dtype.dtype)

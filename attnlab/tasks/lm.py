@@ -24,6 +24,10 @@ Windows of equal length are batched; logits are computed only at scored position
 because a (batch, 1024, 49152) fp32 logit tensor would be 200 MB per row; log-softmax runs in fp32 on
 those rows only.
 
+A GGUF model loaded kept-quantized (``BlockLinear``, the default of ``attnlab evaluate lm`` for .gguf)
+scores windows through torch's GEMM on weight tiles dequantized as they are needed (fp32, or bf16 with
+``dtype="bf16"``): the same numbers as the dequantized model (to rounding), without an fp32 copy of it.
+
 ``dtype="bf16"`` runs the model in bfloat16 (``inference.quantize``). Where the CPU has native bf16 dot
 products (AVX512-BF16 / AMX) its matmuls run ~2.4x faster than fp32 (measured: 185 vs 76 GFLOP/s on one
 core, 2048x576 @ 576x1536); the perplexity moves by about +0.1% (SmolLM2-135M on WikiText-2). The NLL is
@@ -219,7 +223,7 @@ def perplexity(model, tokenizer, text: str, *, context: int | None = None, strid
     seconds = time.perf_counter() - start
     n_bytes, n_words = len(text.encode("utf-8")), len(text.split())
     return {
-        "convention": convention, "dtype": dtype, "context": context, "stride": stride if convention == "hf" else context,
+        "convention": convention, "dtype": dtype, "quantized": kept_quantized(model), "context": context, "stride": stride if convention == "hf" else context,
         "tokens": len(ids), "scored_tokens": scored, "windows": len(windows),
         "mean_nll": nll / scored, "perplexity": math.exp(nll / scored),
         # bits per byte and word perplexity spread the same NLL over bytes / words (lm-evaluation-harness)
@@ -252,11 +256,20 @@ def _pseudo_perplexity(model, tokenizer, text: str, context: int, batch_size: in
             "bytes": n_bytes, "words": n_words, "tokens_per_s": scored / seconds, "seconds": seconds}
 
 
-def evaluate_lm(model_path: str | Path, data_path: str | Path, **kwargs) -> dict:
-    """`attnlab evaluate lm`: load the model and its tokenizer (any format attnlab loads), score the file."""
-    from ..interop.api import load, load_tokenizer
+def kept_quantized(model) -> str | None:
+    """The GGML block types the model's weights stay in ("Q4_1+Q8_0"), or None for a dense model."""
+    from ..nn.quantized import BLOCK_TYPES, BlockEmbedding, BlockLinear
+    kinds = {BLOCK_TYPES[m.kind][0] for m in model.modules() if isinstance(m, (BlockLinear, BlockEmbedding))}
+    return "+".join(sorted(kinds)) or None
+
+
+def evaluate_lm(model_path: str | Path, data_path: str | Path, dequantize: bool = False, note=None,
+                **kwargs) -> dict:
+    """`attnlab evaluate lm`: load the model and its tokenizer (any format attnlab loads), score the file.
+    A .gguf keeps its Q4_0/Q4_1/Q8_0 weights quantized (`nn/quantized.py`) unless `dequantize`."""
+    from ..interop.api import keeps_quantized, load, load_tokenizer
     text = read_text(data_path)
-    model = load(model_path)
+    model = load(model_path, quantized=keeps_quantized(model_path, dequantize, note=note))
     if kwargs.get("dtype") == "bf16":
         quantize(model, "bf16", inplace=True)  # no fp32 copy kept beside it
     tokenizer = load_tokenizer(model_path)
