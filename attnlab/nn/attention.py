@@ -257,9 +257,16 @@ class Attention(nn.Module):
         return F.linear(x, weight, bias).split([self.q.out_features, self.k.out_features,
                                                 self.v.out_features], dim=-1)
 
+    def train(self, mode: bool = True) -> "Attention":
+        # AdamW(fused=True) updates the weights in place without bumping their version counter, so the
+        # stacked weights could outlive an optimizer step: they are dropped at every mode change too
+        # (every evaluation starts with model.eval(), every training stretch with model.train())
+        self.__dict__.pop("_qkv_cache", None)
+        return super().train(mode)
+
     def _stacked_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The stacked weights, rebuilt whenever a projection changed: an optimizer step or a
-        load_state_dict bumps the tensor's version, `.to()` gives it new storage (weights created under
+        """The stacked weights, rebuilt whenever a projection changed: a per-tensor optimizer step or a
+        load_state_dict bumps the tensor's version (a fused one does not: see `train`), `.to()` gives it new storage (weights created under
         inference_mode have no version counter: only their storage is compared). Kept out of the state
         dict; costs one extra copy of the Q/K/V weights."""
         mods = (self.q, self.k, self.v)
