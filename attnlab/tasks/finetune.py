@@ -295,7 +295,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
     if freeze_embeddings:
         net.backbone.embeddings.tok.weight.requires_grad_(False)
-    if setfit_steps and not (resume and (output / "checkpoints").is_dir()):  # a resumed run's weights hold it
+    from ..training.checkpoint import list_checkpoints
+    if setfit_steps and not (resume and list_checkpoints(output)):  # a resumed run's checkpoint holds its result
         from .setfit import SETFIT_BATCH, SETFIT_LR, contrastive_stage
         t0 = time.time()
         losses = contrastive_stage(net, feats, tokenizer.pad_token_id, setfit_steps, seed=seed)
