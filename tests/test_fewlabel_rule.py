@@ -70,20 +70,24 @@ def test_the_contrastive_stage_lowers_the_pair_loss_and_leaves_frozen_weights_al
     assert torch.equal(net.backbone.embeddings.tok.weight, frozen)
 
 
-def test_the_default_rule_turns_on_below_the_threshold_only_where_it_applies():
-    assert default_setfit_steps(SETFIT_BELOW - 1, True)[0] == SETFIT_STEPS > 0
-    steps, why = default_setfit_steps(SETFIT_BELOW, True)
-    assert steps == 0 and f">= {SETFIT_BELOW}" in why
-    assert default_setfit_steps(10, False)[0] == 0
+def test_the_rule_turns_on_below_its_threshold_only_where_it_applies_and_ships_off():
+    assert default_setfit_steps(499, True, below=500)[0] == SETFIT_STEPS > 0
+    steps, why = default_setfit_steps(500, True, below=500)
+    assert steps == 0 and ">= 500" in why
+    assert default_setfit_steps(10, False, below=500)[0] == 0
+    # measured no better than the plain fine-tune at 225 SST-2 examples (RESULTS.md): off for every size
+    assert SETFIT_BELOW == 0
+    assert all(default_setfit_steps(n, True)[0] == 0 for n in (1, 225, 499, 5000))
+    assert "off by default" in default_setfit_steps(225, True)[1]
 
 
 def test_help_states_the_rule(capsys):
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert f"fewer than {SETFIT_BELOW} training examples of a single-sentence classification task" in text
-    assert f"first {SETFIT_STEPS} steps of SetFit's contrastive pairs" in text
-    assert "--setfit-steps N" in text
+    assert "SetFit off. --setfit-steps N (single-sentence classification" in text
+    assert "SetFit's contrastive pairs" in text and "Not the default because" in text
+    assert "81.8% / 70.1%" in text  # the measurement the rule rests on
 
 
 @pytest.fixture(scope="module")

@@ -51,8 +51,7 @@ def jobs(data_dir: Path, tmp_path_factory) -> dict[str, list[str]]:
     return {
         "sst2": ["finetune", "sst2", "--model", str(root / "tiny"), "--train", str(root / "train.tsv"),
                  "--valid", str(root / "dev.tsv"), "--epochs", "2", "--batch-size", "8", "--lr", "1e-3",
-                 "--max-length", "32", "--eval-every", "5", "--setfit-steps", "0",  # the plain fine-tune's files
-                 *every],  # 15 steps an epoch, 30 in all
+                 "--max-length", "32", "--eval-every", "5", *every],  # 15 steps an epoch, 30 in all
         "translation": ["finetune", "translation", "--train-src", str(root / "s.txt"), "--train-tgt",
                         str(root / "t.txt"), "--valid-src", str(root / "s.txt"), "--valid-tgt", str(root / "t.txt"),
                         "--set", "hidden_size=16", "--set", "num_layers=1", "--set", "num_heads=2",

@@ -137,8 +137,7 @@ def test_finetune_fsdp_two_processes_match_one(data_dir, tmp_path):
     (tmp_path / "dev.tsv").write_text("\n".join([lines[0], *lines[200:232]]) + "\n")
     argv = ["finetune", "sst2", "--model", str(tmp_path / "tiny"), "--train", str(tmp_path / "train.tsv"),
             "--valid", str(tmp_path / "dev.tsv"), "--epochs", "1", "--batch-size", "8", "--lr", "1e-3",
-            "--max-length", "32", "--no-progress", "--parallel", "fsdp", "--save-every", "5",
-            "--setfit-steps", "0"]  # the sharded fine-tune alone (a SetFit stage runs whole in each process)
+            "--max-length", "32", "--no-progress", "--parallel", "fsdp", "--save-every", "5"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "attnlab",
            *argv, "--output", str(tmp_path / "two")]
