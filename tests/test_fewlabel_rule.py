@@ -1,0 +1,124 @@
+"""SetFit's contrastive stage for few labels (issue #21, attnlab/tasks/setfit.py): the pair sampler is
+balanced and seeded, the stage lowers the pair loss, the default rule turns it on below the threshold and
+only for single-sentence classification, `finetune --help` states the rule, and a run prints why."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.cli import main
+from attnlab.config import ModelConfig
+from attnlab.heads import SequenceClassification
+from attnlab.tasks.finetune import SETFIT_BELOW, SETFIT_STEPS, default_setfit_steps
+from attnlab.tasks.setfit import contrastive_stage, pair_loss, sample_pairs
+
+
+def test_pairs_are_balanced_seeded_and_labelled_right():
+    labels = [0] * 30 + [1] * 10 + [2] * 5
+    pairs = sample_pairs(labels, 101, seed=3)
+    assert len(pairs) == 101
+    targets = Counter(t for _, _, t in pairs)
+    assert targets == {1.0: 51, 0.0: 50}
+    assert all(i != j for i, j, _ in pairs)
+    assert all((labels[i] == labels[j]) == (t == 1.0) for i, j, t in pairs)
+    # every sentence is an anchor once before any is again (the minority classes are not starved)
+    assert sorted(i for i, _, _ in pairs[:45]) == list(range(45))
+    assert sample_pairs(labels, 101, seed=3) == pairs and sample_pairs(labels, 101, seed=4) != pairs
+
+
+def test_pairs_need_two_labels_and_a_positive():
+    with pytest.raises(ValueError, match="at least two labels"):
+        sample_pairs([1, 1, 1], 4)
+    with pytest.raises(ValueError, match="at least two training examples"):
+        sample_pairs([0, 1], 4)
+    # a class of one still gives negatives; its anchor skips a positive turn
+    pairs = sample_pairs([0, 0, 1], 6, seed=0)
+    assert Counter(t for _, _, t in pairs) == {1.0: 3, 0.0: 3}
+
+
+def _features(n: int, seed: int = 0) -> list[dict]:
+    """Sentences whose words come from one of two disjoint vocabularies by label, plus shared filler."""
+    g = torch.Generator().manual_seed(seed)
+    feats = []
+    for k in range(n):
+        y = k % 2
+        words = torch.randint(10 + 20 * y, 30 + 20 * y, (4,), generator=g).tolist()
+        filler = torch.randint(60, 90, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+        feats.append({"input_ids": [2, *words, *filler, 3], "token_type_ids": [0] * (len(words) + len(filler) + 2),
+                      "labels": y})
+    return feats
+
+
+def test_the_contrastive_stage_lowers_the_pair_loss_and_leaves_frozen_weights_alone():
+    torch.manual_seed(0)
+    net = SequenceClassification(ModelConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
+                                             intermediate_size=64, max_position_embeddings=32,
+                                             classifier_pooling="mean", extra={"num_labels": 2}))
+    net.backbone.embeddings.tok.weight.requires_grad_(False)
+    frozen = net.backbone.embeddings.tok.weight.clone()
+    train, held = _features(40, seed=0), _features(40, seed=1)
+    held_pairs = sample_pairs([f["labels"] for f in held], 200, seed=9)
+    before = pair_loss(net, held, held_pairs, pad_id=0)
+    losses = contrastive_stage(net, train, pad_id=0, steps=40, lr=1e-3, seed=0)
+    after = pair_loss(net, held, held_pairs, pad_id=0)
+    assert len(losses) == 40
+    assert after < 0.7 * before, (before, after)  # on sentences the stage never saw
+    assert torch.equal(net.backbone.embeddings.tok.weight, frozen)
+
+
+def test_the_rule_turns_on_below_its_threshold_only_where_it_applies_and_ships_off():
+    assert default_setfit_steps(499, True, below=500)[0] == SETFIT_STEPS > 0
+    steps, why = default_setfit_steps(500, True, below=500)
+    assert steps == 0 and ">= 500" in why
+    assert default_setfit_steps(10, False, below=500)[0] == 0
+    # measured no better than the plain fine-tune at 225 SST-2 examples (RESULTS.md): off for every size
+    assert SETFIT_BELOW == 0
+    assert all(default_setfit_steps(n, True)[0] == 0 for n in (1, 225, 499, 5000))
+    assert "off by default" in default_setfit_steps(225, True)[1]
+
+
+def test_help_states_the_rule(capsys):
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "SetFit off. --setfit-steps N (single-sentence classification" in text
+    assert "SetFit's contrastive pairs" in text and "Not the default because" in text
+    assert "81.8% / 70.1%" in text  # the measurement the rule rests on
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    attnlab.from_config(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                    dropout=0.0, attention_dropout=0.0)).save(out)
+    attnlab.load_tokenizer("minilm").save(out)
+    return out
+
+
+def test_a_run_prints_the_stage_and_why_and_keeps_a_mean_pooling_head(tiny, data_dir, tmp_path, capsys):
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text().splitlines()
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(lines[:41]) + "\n")
+    out = tmp_path / "out"
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(out),
+                 "--setfit-steps", "3", "--epochs", "0", "--max-length", "32", "--no-progress"]) == 0
+    printed = capsys.readouterr()
+    summary = json.loads(printed.out)
+    assert summary["setfit_steps"] == 3 and summary["steps"] == 0
+    assert summary["pooling"] == "mean" and summary["head_init"] == "probe"
+    assert "SetFit stage: 3 pair steps" in printed.err and "because --setfit-steps" in printed.err
+    assert attnlab.load(out).config.classifier_pooling == "mean"
+    # no fine-tuning without a SetFit stage to precede it; SetFit refused where it does not apply
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(out),
+                 "--setfit-steps", "0", "--epochs", "0", "--no-progress"]) == 1
+    assert "epochs=0" in capsys.readouterr().err
+    assert main(["finetune", "conll2003", "--model", str(tiny), "--output", str(out), "--setfit-steps", "5",
+                 "--max-train-samples", "20", "--no-progress"]) == 1
+    assert "single-sentence classification" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # a negative step count is a usage error
+        main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--setfit-steps", "-1"])
+    assert usage.value.code == 2 and "--setfit-steps" in capsys.readouterr().err
