@@ -102,8 +102,6 @@ def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, thr
         while proc.poll() is None:
             time.sleep(2)
             loads.append(os.getloadavg()[0])
-        if partial:
-            partial({"windows_done": sum(len(b) for b in todo[:i + 1]), **side_figures(sums, fed, loads)})
         log.seek(0)
         out = log.read()
     wall = time.perf_counter() - start
@@ -153,6 +151,8 @@ def run_sides(sides: dict, windows, batch_size: int, label: str, partial=None) -
             sums[name][2] += time.perf_counter() - t
             sums[name][3] += time.process_time() - c
         loads.append(os.getloadavg()[0])
+        if partial:
+            partial({"windows_done": sum(len(b) for b in todo[:i + 1]), **side_figures(sums, fed, loads)})
         if i % 10 == 9 or i + 1 == len(todo):
             done = time.perf_counter() - start
             print(f"  {label}: batch {i + 1}/{len(todo)}, {done / 60:.1f} min, eta "
