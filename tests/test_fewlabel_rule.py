@@ -14,7 +14,7 @@ from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.heads import SequenceClassification
 from attnlab.tasks.finetune import SETFIT_BELOW, SETFIT_STEPS, default_setfit_steps
-from attnlab.tasks.setfit import contrastive_stage, pair_loss, sample_pairs
+from attnlab.tasks.setfit import _all_pair_loss, _pair_cosines, all_pair_batches, contrastive_stage, pair_loss, sample_pairs
 
 
 def test_pairs_are_balanced_seeded_and_labelled_right():
@@ -68,6 +68,42 @@ def test_the_contrastive_stage_lowers_the_pair_loss_and_leaves_frozen_weights_al
     assert len(losses) == 40
     assert after < 0.7 * before, (before, after)  # on sentences the stage never saw
     assert torch.equal(net.backbone.embeddings.tok.weight, frozen)
+
+
+def test_all_pairs_batches_cover_each_sentence_once_per_epoch_and_score_every_pair():
+    batches = all_pair_batches(50, 7, 16, seed=1)
+    assert len(batches) == 7 and all(len(b) == 16 for b in batches)
+    for epoch in (batches[0:3], batches[3:6]):  # 50 // 16 = 3 full batches an epoch; the tail of 2 is dropped
+        seen = [i for b in epoch for i in b]
+        assert len(set(seen)) == 48
+    assert all_pair_batches(50, 7, 16, seed=1) == batches and all_pair_batches(50, 7, 16, seed=2) != batches
+    # the batch loss is the mean over all i < j pairs of (cos - same label)^2, as the sampled pairs compute it
+    torch.manual_seed(0)
+    net = SequenceClassification(ModelConfig(vocab_size=100, hidden_size=32, num_layers=1, num_heads=4,
+                                             intermediate_size=64, max_position_embeddings=32,
+                                             classifier_pooling="mean", extra={"num_labels": 2})).eval()
+    feats, batch = _features(6), [4, 0, 5, 2]
+    pairs = [(batch[a], batch[b], float(feats[batch[a]]["labels"] == feats[batch[b]]["labels"]))
+             for a in range(4) for b in range(a + 1, 4)]
+    with torch.no_grad():
+        cos = _pair_cosines(net.backbone, feats, pairs, pad_id=0)
+        want = ((cos - torch.tensor([t for _, _, t in pairs])) ** 2).mean()
+        got = _all_pair_loss(net.backbone, feats, batch, pad_id=0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="pairing"):
+        contrastive_stage(net, feats, pad_id=0, steps=1, pairing="every")
+
+
+def test_the_all_pairs_stage_lowers_the_pair_loss():
+    torch.manual_seed(0)
+    net = SequenceClassification(ModelConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
+                                             intermediate_size=64, max_position_embeddings=32,
+                                             classifier_pooling="mean", extra={"num_labels": 2}))
+    train, held = _features(40, seed=0), _features(40, seed=1)
+    held_pairs = sample_pairs([f["labels"] for f in held], 200, seed=9)
+    before = pair_loss(net, held, held_pairs, pad_id=0)
+    contrastive_stage(net, train, pad_id=0, steps=20, lr=1e-3, seed=0, pairing="all")
+    assert pair_loss(net, held, held_pairs, pad_id=0) < 0.7 * before
 
 
 def test_the_rule_turns_on_below_its_threshold_only_where_it_applies_and_ships_off():

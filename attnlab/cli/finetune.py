@@ -75,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(probe, LP-FT) or at random (default: the rule below)")
     p.add_argument("--setfit-steps", type=_steps, metavar="N",
                    help="steps of SetFit contrastive pairs before the head (default 0: off; see SetFit below)")
+    p.add_argument("--setfit-pairs", choices=("sampled", "all"), default="sampled",
+                   help="SetFit's sampled pairs (16 pairs, 32 sentences a step) or every pair within a batch of "
+                        "16 sentences (120 pairs a step) (default sampled)")
     p.add_argument("--train-embeddings", action="store_true",
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--from-scratch", action="store_true",
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
-                       setfit_steps=args.setfit_steps)
+                       setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs)
     print(json.dumps(summary))
     return 0
 

@@ -174,7 +174,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              distill=None, student_width: int | None = None, student_heads: int | None = None,
              save_every: int = 0, resume: bool = False, parallel: str = "ddp",
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None,
-             setfit_steps: int | None = None) -> dict:
+             setfit_steps: int | None = None, setfit_pairs: str = "sampled") -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Without a validation file the task's default is used, else `holdout`
@@ -186,6 +186,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     masked mean of the last hidden states); None keeps the checkpoint's ("cls" for a Hugging Face BERT).
     head_init: "probe" fits a logistic regression on the frozen sentence vectors and starts the classifier
     from it (LP-FT, Kumar et al. 2022); "random" (the default) is BERT's fresh head.
+    setfit_pairs: "sampled" (SetFit's sampler) or "all" (every pair within a batch of sentences).
     setfit_steps: steps of SetFit's contrastive pairs on the encoder before the head (tasks/setfit.py, Tunstall
     et al. 2022); the head then reads mean pooling and starts from a probe, unless given. None follows
     `default_setfit_steps`, 0 is off. epochs=0 (with SetFit only): no fine-tuning after, SetFit's own recipe.
@@ -316,9 +317,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     if setfit_steps and not (resume and list_checkpoints(output)):  # a resumed run's checkpoint holds its result
         from .setfit import SETFIT_BATCH, SETFIT_LR, contrastive_stage
         t0 = time.time()
-        losses = contrastive_stage(net, feats, tokenizer.pad_token_id, setfit_steps, seed=seed)
+        losses = contrastive_stage(net, feats, tokenizer.pad_token_id, setfit_steps, seed=seed, pairing=setfit_pairs)
         k = max(1, len(losses) // 10)
-        print(f"finetune {task.name}: SetFit stage: {setfit_steps} pair steps ({setfit_steps * SETFIT_BATCH:,} pairs "
+        pairs = (f"{setfit_steps * SETFIT_BATCH:,} pairs" if setfit_pairs == "sampled" else
+                 f"every pair in batches of {SETFIT_BATCH} sentences, {setfit_steps * SETFIT_BATCH * (SETFIT_BATCH - 1) // 2:,} pairs")
+        print(f"finetune {task.name}: SetFit stage: {setfit_steps} pair steps ({pairs} "
               f"of training sentences, lr {SETFIT_LR:g}), because {setfit_why}; pair loss "
               f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}, {time.time() - t0:.0f} s",
               file=sys.stderr, flush=True)
@@ -383,7 +386,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                "train_examples": len(train_ex), "valid_examples": len(valid_ex), "steps": step,
                "best_step": best.get("step"), "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings,
-               **({"pooling": net.config.classifier_pooling, "head_init": head_init, "setfit_steps": setfit_steps}
+               **({"pooling": net.config.classifier_pooling, "head_init": head_init, "setfit_steps": setfit_steps,
+                  **({"setfit_pairs": setfit_pairs} if setfit_steps else {})}
                   if pooled else {}),
                **({"from_scratch": True} if from_scratch else {}),
                **({"lora": lora, "trainable_parameters": sum(p.numel() for p in net.parameters() if p.requires_grad)}
