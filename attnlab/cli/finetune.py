@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setfit-pairs", choices=("sampled", "all"), default="sampled",
                    help="SetFit's sampled pairs (16 pairs, 32 sentences a step) or every pair within a batch of "
                         "16 sentences (120 pairs a step) (default sampled)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the training step (forward + backward); batches are padded to multiples "
+                        "of 32 tokens so that a few shapes compile, each once (tens of seconds to minutes on a CPU)")
     p.add_argument("--train-embeddings", action="store_true",
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--from-scratch", action="store_true",
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
-                       setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs)
+                       setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile)
     print(json.dumps(summary))
     return 0
 

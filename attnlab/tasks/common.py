@@ -77,9 +77,11 @@ class EpochBatches:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def collate(features: Sequence[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad to the longest input of this batch: ids with pad_id, per-token labels with -100 (ignored)."""
+def collate(features: Sequence[dict], pad_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Pad to the longest input of this batch (rounded up to a `multiple` of tokens: a compiled step then
+    sees a few shapes, not one per length): ids with pad_id, per-token labels with -100 (ignored)."""
     width = max(len(f["input_ids"]) for f in features)
+    width = -(-width // multiple) * multiple
     batch: dict[str, torch.Tensor] = {}
     ids = torch.full((len(features), width), pad_id, dtype=torch.long)
     types = torch.zeros((len(features), width), dtype=torch.long)

@@ -100,6 +100,8 @@ SMALL_LR = 1e-4
 # then the fine-tuning above. Off (0): measured on SST-2 at 225 examples it scored 81.8% / 70.1% (two draws)
 # against the plain fine-tune's 79.8% / 77.2%, at 3x the CPU (experiments/fewlabel/RESULTS.md).
 SETFIT_BELOW = 0
+# --compile pads every batch to a multiple of this many tokens: SST-2's lengths then give ~4 shapes to compile
+COMPILE_PAD = 32
 SETFIT_STEPS = 300
 
 
@@ -174,7 +176,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              distill=None, student_width: int | None = None, student_heads: int | None = None,
              save_every: int = 0, resume: bool = False, parallel: str = "ddp",
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None,
-             setfit_steps: int | None = None, setfit_pairs: str = "sampled") -> dict:
+             setfit_steps: int | None = None, setfit_pairs: str = "sampled", compile: bool = False) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Without a validation file the task's default is used, else `holdout`
@@ -186,6 +188,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     masked mean of the last hidden states); None keeps the checkpoint's ("cls" for a Hugging Face BERT).
     head_init: "probe" fits a logistic regression on the frozen sentence vectors and starts the classifier
     from it (LP-FT, Kumar et al. 2022); "random" (the default) is BERT's fresh head.
+    compile: torch.compile the training step (train.compile of the Trainer); batches are padded to multiples
+    of COMPILE_PAD tokens so that only a few shapes get compiled.
     setfit_pairs: "sampled" (SetFit's sampler) or "all" (every pair within a batch of sentences).
     setfit_steps: steps of SetFit's contrastive pairs on the encoder before the head (tasks/setfit.py, Tunstall
     et al. 2022); the head then reads mean pooling and starts from a probe, unless given. None follows
@@ -341,7 +345,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     # that does not divide evenly weighs each process's mean equally, a batch smaller than the number of
     # processes gives the short ones its last example again
     data = EpochBatches(lambda epoch: length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch),
-                        lambda idx: collate([feats[i] for i in (idx[rank::world] or idx[-1:])], pad_id))
+                        lambda idx: collate([feats[i] for i in (idx[rank::world] or idx[-1:])], pad_id,
+                                            COMPILE_PAD if compile else 1))
     steps_per_epoch = len(data)
     total = max(1, math.ceil(steps_per_epoch * epochs)) if epochs else 0
     pooled = type(net).__name__ == "SequenceClassification"
@@ -353,7 +358,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                      schedule="linear", weight_decay=weight_decay, eps=1e-8, clip_norm=1.0, seed=seed,
                      eval_every=eval_every or steps_per_epoch, log_every=log_every,
                      save_every=save_every, keep_last=2 if save_every else 0, resume=resume, parallel=parallel,
-                     progress=progress, best_metric=task.main_metric, patience=patience or 0)
+                     progress=progress, best_metric=task.main_metric, patience=patience or 0, compile=compile)
 
     base_name = str(model)
 

@@ -1,0 +1,56 @@
+"""`finetune --compile` (issue #28): the training step goes through torch.compile (the Trainer's
+train.compile, whose compiled step is tested equal to the eager one in tests/test_compiled_training.py), and
+batches are padded to multiples of COMPILE_PAD tokens so that only a few shapes ever get compiled."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.cli import main
+from attnlab.config import ModelConfig
+from attnlab.tasks.common import collate
+from attnlab.tasks.finetune import COMPILE_PAD
+
+
+def test_collate_rounds_the_width_up_to_the_multiple_and_pads_as_before():
+    feats = [{"input_ids": [2, 5, 6, 3], "token_type_ids": [0] * 4, "labels": 1},
+             {"input_ids": [2, 7, 3], "token_type_ids": [0] * 3, "labels": 0}]
+    plain, padded = collate(feats, pad_id=0), collate(feats, pad_id=0, multiple=32)
+    assert plain["input_ids"].shape == (2, 4) and padded["input_ids"].shape == (2, 32)
+    assert torch.equal(padded["input_ids"][:, :4], plain["input_ids"]) and not padded["input_ids"][:, 4:].any()
+    assert padded["attention_mask"].sum() == plain["attention_mask"].sum() == 7
+    assert collate(feats * 16, pad_id=0, multiple=4)["input_ids"].shape == (32, 4)  # already a multiple
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    out = tmp_path / "tiny"
+    attnlab.from_config(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                    dropout=0.0, attention_dropout=0.0)).save(out)
+    attnlab.load_tokenizer("minilm").save(out)
+    return out
+
+
+def test_finetune_compile_compiles_the_step_once_and_feeds_it_padded_batches(tiny, data_dir, tmp_path, monkeypatch):
+    compiled, widths = [], []
+
+    def fake_compile(fn, *args, **kwargs):  # records what would be compiled and the shapes it would see
+        compiled.append(fn)
+
+        def run(model, batch):
+            widths.append(batch["input_ids"].shape[1])
+            return fn(model, batch)
+        return run
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text().splitlines()
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(lines[:41]) + "\n")
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(tmp_path / "out"),
+                 "--epochs", "1", "--no-progress", "--compile"]) == 0
+    assert len(compiled) == 1
+    assert widths and all(w % COMPILE_PAD == 0 for w in widths), widths
+    # without --compile nothing is compiled
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(tmp_path / "o2"),
+                 "--epochs", "1", "--no-progress"]) == 0
+    assert len(compiled) == 1
