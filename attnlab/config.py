@@ -24,7 +24,8 @@ class ConfigError(ValueError):
     """A config value that cannot describe a model; the message names the field and value."""
 
 
-POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none")
+POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none",
+             "relative_xl")  # Transformer-XL / XLNet relative sinusoids + u, v biases (nn/relative_xl.py)
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
@@ -127,6 +128,13 @@ class ModelConfig:
     max_relative_positions: int | None = None
     share_att_key: bool = False
     relative_embedding_norm: bool = False
+    # Transformer-XL / XLNet (position: relative_xl; nn/relative_xl.py): relative_segments adds XLNet's
+    # relative segment encodings (Yang et al. 2019, §2.5), read from token_type_ids; mem_len = how many
+    # hidden states per layer a forward returns as `mems` for the next segment (Dai et al. 2019, §3.2; None:
+    # all), reuse_len = how many tokens of the current segment go into them (None: all)
+    relative_segments: bool = False
+    mem_len: int | None = None
+    reuse_len: int | None = None
 
     # --- numbers
     norm_eps: float = 1e-12
@@ -197,6 +205,14 @@ class ModelConfig:
                      "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be a positive integer")
+        for name in ("mem_len", "reuse_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise bad(name, "must be a non-negative integer or null")
+        if self.position == "relative_xl" and (self.attention_kind != "softmax" or self.sliding_window is not None
+                                               or self.disentangled_attention or self.num_kv_heads not in (None, self.num_heads)):
+            raise bad("position", "relative_xl (Transformer-XL / XLNet) takes full softmax attention with one key "
+                                  "head per query head: no attention_kind, sliding_window, disentangled_attention "
+                                  "or num_kv_heads")
         for name in ("num_kv_heads", "head_dim", "embedding_size", "sliding_window"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -89,7 +89,7 @@ class NameTable:
 def _apply(value: torch.Tensor, transform, to_hf: bool = False) -> torch.Tensor:
     if transform == "T" and value.dim() == 2:
         return value.t()
-    if isinstance(transform, HeadInterleave):
+    if callable(transform):  # a layout object: HeadInterleave below, XLNet's per-head tensors (interop/xlnet.py)
         return transform(value, to_hf)
     return value
 
