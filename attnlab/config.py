@@ -353,6 +353,13 @@ _DEBERTA_V3 = dict(model_type="deberta-v2", vocab_size=128100, type_vocab_size=0
                    pooler=False, disentangled_attention=["p2c", "c2p"], position_buckets=256, share_att_key=True,
                    relative_embedding_norm=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                    extra={"head_pooler": True, "pooler_activation": "gelu"})
+# XLNet (Yang et al. 2019; sizes of the released xlnet-base-cased): post-LN blocks with Transformer-XL relative
+# attention (bias-free projections, u/v biases, relative sinusoids; nn/relative_xl.py), relative segment
+# encodings, no absolute positions and no LayerNorm on the embeddings, 32k SentencePiece vocabulary;
+# max_position_embeddings is unused (relative positions only). Two streams + mems at run time (PermutationLM).
+_XLNET = dict(model_type="xlnet", vocab_size=32000, type_vocab_size=0, position="relative_xl", relative_segments=True,
+              qkv_bias=False, embedding_norm=False, final_norm=False, pooler=False, norm_eps=1e-12, dropout=0.1,
+              attention_dropout=0.1, pad_token_id=5, bos_token_id=1, eos_token_id=2)
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base": dict(_BERT),
     "bert-large": dict(_BERT, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -391,6 +398,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bigbird-base": dict(model_type="big_bird", vocab_size=50358, max_position_embeddings=4096, activation="gelu_tanh",
                          attention_kind="block_sparse", sparse_block_size=64, num_random_blocks=3, pad_token_id=0,
                          bos_token_id=1, eos_token_id=2, extra={"sep_token_id": 66}),
+    "xlnet-base-cased": dict(_XLNET),
+    "xlnet-large-cased": dict(_XLNET, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "xlnet-tiny": dict(_XLNET, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512, mem_len=64),
     "deberta-v3-base": dict(_DEBERTA_V3),
     "deberta-v3-xsmall": dict(_DEBERTA_V3, hidden_size=384, num_heads=6, intermediate_size=1536),
     # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
