@@ -240,3 +240,17 @@ def test_plm_pretrain_smoke_lowers_loss(tmp_path, data_dir):
     assert 0 < metrics["eval_loss"] < 5.6
     model = attnlab.load(tmp_path / "run" / "model")
     assert type(model) is PermutationLM and model.config.model_type == "xlnet"
+
+
+def test_shipped_xlnet_recipe_builds():
+    from attnlab.objectives import build_objective
+    from attnlab.tokenizers import train_tokenizer
+    from attnlab.training.pretrain import build_model_config, load_config
+    repo = Path(__file__).resolve().parents[1]
+    cfg = load_config(repo / "configs" / "pretrain-xlnet-mini.yaml")
+    assert cfg.objective.kind == "plm" and cfg.objective.plm_k == 6
+    tok = train_tokenizer("wordpiece", [repo / "README.md"], 300)
+    model_cfg = build_model_config(cfg.model, tok, cfg.data.seq_len)
+    assert build_objective(cfg.objective, tok, cfg.data.seq_len).model_class is PermutationLM
+    assert (model_cfg.model_type, model_cfg.position, model_cfg.num_layers, model_cfg.hidden_size) == \
+        ("xlnet", "relative_xl", 4, 256) and model_cfg.relative_segments
