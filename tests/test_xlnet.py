@@ -254,3 +254,29 @@ def test_shipped_xlnet_recipe_builds():
     assert build_objective(cfg.objective, tok, cfg.data.seq_len).model_class is PermutationLM
     assert (model_cfg.model_type, model_cfg.position, model_cfg.num_layers, model_cfg.hidden_size) == \
         ("xlnet", "relative_xl", 4, 256) and model_cfg.relative_segments
+
+
+def test_viz_shows_the_two_streams_as_separate_pages(tmp_path):
+    """attnlab viz on an XLNet: the query stream's weights follow the sampled order (no token sees itself or
+    a later one), the content stream's add the diagonal; the neuron view recomputes both from q, k, bias."""
+    from attnlab.viz.attention import extract, neuron_softmax
+    torch.manual_seed(0)
+    model = PermutationLM(preset("xlnet-tiny", vocab_size=V, hidden_size=32, intermediate_size=40)).eval()
+    ids = torch.randint(0, V, (1, 7))
+    order = [3, 0, 6, 1, 5, 2, 4]
+    rank = torch.empty(7, dtype=torch.long)
+    rank[torch.tensor(order)] = torch.arange(7)
+    later = rank[None, :] >= rank[:, None]
+    tokens = [f"t{i}" for i in range(7)]
+    for stream in ("query", "content"):
+        data = extract(model, ids, tokens, stream=stream, order=order)
+        assert data.num_layers == 2
+        for i, w in enumerate(data.layers):
+            hidden = later & ~torch.eye(7, dtype=torch.bool) if stream == "content" else later
+            rows = rank != 0  # the order's first token sees nothing in the query stream: a uniform row
+            assert w[:, rows][:, hidden[rows]].abs().max() == 0 and torch.allclose(w.sum(-1), torch.ones(2, 7))
+            assert (neuron_softmax(data, i) - w).abs().max() < 1e-5
+        if stream == "content":
+            assert (data.layers[0][:, torch.arange(7), torch.arange(7)] > 0).all()
+    with pytest.raises(ValueError, match="needs a factorization order"):
+        extract(model, ids, tokens, stream="query")
