@@ -89,6 +89,17 @@ def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
                          clm.clm_loss, clm.clm_metrics, clm.CausalLM)
     if cfg.kind == "denoise":
         return _denoise(cfg, tokenizer, seq_len)
+    if cfg.kind == "plm":  # XLNet: the model reads the real tokens; the order lives in perm_mask (objectives/plm.py)
+        from ..heads import PermutationLM
+        from . import plm
+        cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        if cls_id is None or sep_id is None:
+            raise ValueError(f"tokenizer {tokenizer.name}: objective.kind=plm packs blocks with [CLS]- and [SEP]-like "
+                             "tokens (cls_token, sep_token)")
+        blocks = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
+        collate = partial(plm.plm_collate, k=cfg.plm_k, pad_id=tokenizer.pad_token_id or 0)
+        return Objective(cfg.kind, lambda shards, rng: blocks(shards, rng=rng), lambda ex, rng: collate(ex, rng=rng),
+                         plm.plm_loss, plm.plm_metrics, PermutationLM)
     vocab = mlm.Vocab.from_tokenizer(tokenizer)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
@@ -96,13 +107,6 @@ def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
                          "(cls_token, sep_token)")
     collate = partial(mlm.mlm_collate, vocab=vocab, prob=cfg.mask_prob, whole_word=cfg.whole_word,
                       pad_id=tokenizer.pad_token_id or 0, sparse=cfg.sparse_prediction)
-    if cfg.kind == "plm":  # XLNet: the model reads the real tokens; the order lives in perm_mask (objectives/plm.py)
-        from ..heads import PermutationLM
-        from . import plm
-        blocks = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
-        collate = partial(plm.plm_collate, k=cfg.plm_k, pad_id=tokenizer.pad_token_id or 0)
-        return Objective(cfg.kind, lambda shards, rng: blocks(shards, rng=rng), lambda ex, rng: collate(ex, rng=rng),
-                         plm.plm_loss, plm.plm_metrics, PermutationLM)
     if cfg.kind == "electra":  # replaced-token detection (Clark et al. 2020): see objectives/electra.py
         from . import electra
         blocks = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
