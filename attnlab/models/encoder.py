@@ -193,7 +193,7 @@ class Encoder(Model):
         attention over [mems; h]; with `target_mapping` (B, M, T) also the query stream g (M rows from the
         trainable w), which becomes `last_hidden_state`. `perm_mask` (B, T, T), 1 = may not see. `mems`: one
         (mlen, B, d) tensor per layer, time first as transformers keeps them, returned (as `mems`) when
-        use_mems (default: in eval mode, as transformers' use_mems_eval). Hidden states / attentions of both
+        use_mems (default: extra.use_mems_eval / use_mems_train, else in eval mode only, as transformers). Hidden states / attentions of both
         streams interleave per layer (h, g) as transformers returns them."""
         b, t = (input_ids if input_ids is not None else inputs_embeds[..., 0]).shape
         mlen = mems[0].size(0) if mems is not None and mems[0] is not None else 0
@@ -206,8 +206,9 @@ class Encoder(Model):
             raise ValueError(f"target_mapping has shape {tuple(target_mapping.shape)}; expected ({b}, num_predict, {t})")
         if token_type_ids is not None and token_type_ids.shape != (b, t):
             raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)} but input_ids has {(b, t)}")
-        if use_mems is None:
-            use_mems = not self.training
+        if use_mems is None:  # transformers' defaults, and the checkpoint's own when its config.json has them
+            use_mems = bool(self.config.extra.get("use_mems_train", False) if self.training
+                            else self.config.extra.get("use_mems_eval", True))
         device = (input_ids if input_ids is not None else inputs_embeds).device
         mask_h, mask_g = stream_masks(t, mlen, b, self.config.causal, attention_mask, perm_mask, device)
         table, index = self.xl.positions(t, mlen, device)

@@ -97,7 +97,10 @@ class RelativeXLBias(nn.Module):
             seg = torch.einsum("bhid,shd->bhis", q + self.r_s_bias[:, None], self.seg_embed)
             bias = bias + torch.where(pos.segments[:, None], seg[..., 1:], seg[..., :1])
         bias = bias * scale
-        return bias if pos.mask is None else bias + pos.mask.to(bias.dtype)
+        if pos.mask is None:
+            return bias
+        # -1e30 overflows float16 to -inf (a row that sees nothing would be NaN): use the dtype's own minimum
+        return bias + pos.mask.clamp(min=torch.finfo(bias.dtype).min).to(bias.dtype)
 
 
 def stream_masks(q_len: int, mlen: int, batch: int, causal: bool, attention_mask: torch.Tensor | None,
