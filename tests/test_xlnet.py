@@ -310,3 +310,15 @@ def test_gradients_match_and_every_attention_path_agrees(tmp_path):
             other.load_state_dict(ours.state_dict())
             out = other(ids, perm_mask=perm, target_mapping=mapping, token_type_ids=types).logits
             assert (out - ref).abs().max() <= 1e-5, impl
+
+
+def test_a_damaged_projection_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from attnlab.interop.files import CheckpointError
+    _, path = _hf(tmp_path, "damaged")
+    sd = load_file(path / "model.safetensors")
+    sd["transformer.layer.1.rel_attn.r"] = torch.zeros(32, 32)  # (d_model, heads * head_dim): not XLNet's layout
+    save_file(sd, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"tensor transformer.layer.1.rel_attn.r: shape \(32, 32\); expected XLNet's"):
+        attnlab.load(path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ConfigError, ModelConfig
+from .files import CheckpointError
 from .registry import HF_ACTIVATIONS, Family, Row, config_from_mapping, hf_activation, register
 
 _RENAMES = {"vocab_size": "vocab_size", "d_model": "hidden_size", "n_layer": "num_layers", "n_head": "num_heads",
@@ -71,6 +72,8 @@ class HeadTensor:
         if to_hf:
             w = value.t() if self.transpose else value
             return w.reshape(w.size(0), self.heads, -1)
+        if value.dim() != 3:
+            raise CheckpointError(f"shape {tuple(value.shape)}; expected XLNet's (d_model, heads, head_dim)")
         w = value.reshape(value.size(0), -1)
         return w.t().contiguous() if self.transpose else w
 
