@@ -24,7 +24,8 @@ class ConfigError(ValueError):
     """A config value that cannot describe a model; the message names the field and value."""
 
 
-POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none")
+POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none",
+             "relative_xl")  # Transformer-XL / XLNet relative sinusoids + u, v biases (nn/relative_xl.py)
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "geglu", "swiglu", "geglu_tanh",  # geglu_tanh: T5 v1.1 "gated-gelu"
@@ -127,6 +128,13 @@ class ModelConfig:
     max_relative_positions: int | None = None
     share_att_key: bool = False
     relative_embedding_norm: bool = False
+    # Transformer-XL / XLNet (position: relative_xl; nn/relative_xl.py): relative_segments adds XLNet's
+    # relative segment encodings (Yang et al. 2019, §2.5), read from token_type_ids; mem_len = how many
+    # hidden states per layer a forward returns as `mems` for the next segment (Dai et al. 2019, §3.2; None:
+    # all), reuse_len = how many tokens of the current segment go into them (None: all)
+    relative_segments: bool = False
+    mem_len: int | None = None
+    reuse_len: int | None = None
 
     # --- numbers
     norm_eps: float = 1e-12
@@ -197,6 +205,14 @@ class ModelConfig:
                      "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise bad(name, "must be a positive integer")
+        for name in ("mem_len", "reuse_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise bad(name, "must be a non-negative integer or null")
+        if self.position == "relative_xl" and (self.attention_kind != "softmax" or self.sliding_window is not None
+                                               or self.disentangled_attention or self.num_kv_heads not in (None, self.num_heads)):
+            raise bad("position", "relative_xl (Transformer-XL / XLNet) takes full softmax attention with one key "
+                                  "head per query head: no attention_kind, sliding_window, disentangled_attention "
+                                  "or num_kv_heads")
         for name in ("num_kv_heads", "head_dim", "embedding_size", "sliding_window"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -337,6 +353,13 @@ _DEBERTA_V3 = dict(model_type="deberta-v2", vocab_size=128100, type_vocab_size=0
                    pooler=False, disentangled_attention=["p2c", "c2p"], position_buckets=256, share_att_key=True,
                    relative_embedding_norm=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                    extra={"head_pooler": True, "pooler_activation": "gelu"})
+# XLNet (Yang et al. 2019; sizes of the released xlnet-base-cased): post-LN blocks with Transformer-XL relative
+# attention (bias-free projections, u/v biases, relative sinusoids; nn/relative_xl.py), relative segment
+# encodings, no absolute positions and no LayerNorm on the embeddings, 32k SentencePiece vocabulary;
+# max_position_embeddings is unused (relative positions only). Two streams + mems at run time (PermutationLM).
+_XLNET = dict(model_type="xlnet", vocab_size=32000, type_vocab_size=0, position="relative_xl", relative_segments=True,
+              qkv_bias=False, embedding_norm=False, final_norm=False, pooler=False, norm_eps=1e-12, dropout=0.1,
+              attention_dropout=0.1, pad_token_id=5, bos_token_id=1, eos_token_id=2)
 PRESETS: dict[str, dict[str, Any]] = {
     "bert-base": dict(_BERT),
     "bert-large": dict(_BERT, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
@@ -375,6 +398,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bigbird-base": dict(model_type="big_bird", vocab_size=50358, max_position_embeddings=4096, activation="gelu_tanh",
                          attention_kind="block_sparse", sparse_block_size=64, num_random_blocks=3, pad_token_id=0,
                          bos_token_id=1, eos_token_id=2, extra={"sep_token_id": 66}),
+    "xlnet-base-cased": dict(_XLNET),
+    "xlnet-large-cased": dict(_XLNET, hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096),
+    "xlnet-tiny": dict(_XLNET, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512, mem_len=64),
     "deberta-v3-base": dict(_DEBERTA_V3),
     "deberta-v3-xsmall": dict(_DEBERTA_V3, hidden_size=384, num_heads=6, intermediate_size=1536),
     # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.

@@ -133,6 +133,38 @@ class PreTraining(MaskedLM):
         return out
 
 
+class PermutationLM(_WithBackbone):
+    """XLNet's LM (Yang et al. 2019, §2.3): backbone (position relative_xl) + a projection onto the vocabulary,
+    tied to the input embedding, with its own bias; the equivalent of XLNetLMHeadModel. With `target_mapping`
+    (B, M, T) the logits are the query stream's, (B, M, vocab), and `labels` are (B, M); without it they are
+    the content stream's for every position. `mems` come back in `out.mems`."""
+    hf_architecture = "XLNetLMHeadModel"
+    uses_pooler = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.position != "relative_xl":
+            raise ValueError(f"PermutationLM needs position='relative_xl' (XLNet), not {config.position!r}")
+        super().__init__(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.init_weights()
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.backbone.embeddings.tok.weight
+
+    def forward(self, input_ids=None, attention_mask=None, mems=None, perm_mask=None, target_mapping=None,
+                token_type_ids=None, inputs_embeds=None, labels: torch.Tensor | None = None, use_mems=None,
+                output_attentions=False, output_hidden_states=False) -> ModelOutput:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                            inputs_embeds=inputs_embeds, mems=mems, perm_mask=perm_mask, target_mapping=target_mapping,
+                            use_mems=use_mems, output_attentions=output_attentions,
+                            output_hidden_states=output_hidden_states)
+        out.logits = self.lm_head(out.last_hidden_state)
+        if labels is not None:  # -100 marks prediction rows that carry no target
+            out.loss = F.cross_entropy(out.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return out
+
+
 class RTDHead(nn.Module):
     """ELECTRA's replaced-token detection (Clark et al. 2020, §2): for every token, one logit saying
     "this token was replaced by the generator". Dense + activation, then a projection to one number."""

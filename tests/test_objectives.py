@@ -79,7 +79,9 @@ def test_vocab_without_mask_is_a_clear_error(data_dir):
     with pytest.raises(ValueError, match="no mask token"):
         build_objective(ObjectiveConfig(kind="mlm"), tok, 64)
     with pytest.raises(ValueError, match="objective.kind"):
-        build_objective(ObjectiveConfig(kind="plm"), tok, 64)
+        build_objective(ObjectiveConfig(kind="unknown"), tok, 64)
+    with pytest.raises(ValueError, match=r"tokenizer char: objective.kind=plm packs blocks with \[CLS\]"):
+        build_objective(ObjectiveConfig(kind="plm"), tok, 64)  # XLNet's PLM needs no [MASK], but blocks need [CLS]
 
 
 # ---------------------------------------------------------------------------------------------- pairs

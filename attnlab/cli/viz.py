@@ -11,6 +11,11 @@ examples:
   attnlab viz minilm --text "The cat sat." --view neuron --layer 2 --head 5 --png
   attnlab viz runs/longformer --text "A long document ..." --pattern --global-tokens 0 -o pattern.png
   attnlab viz runs/bigbird --text "A long document ..." --pattern --head 1 -o pattern.png
+  attnlab viz runs/xlnet-mini/model --text "The cat sat." --order-seed 0 --stream query -o query.html
+
+XLNet: --order-seed samples a factorization order; --stream query shows the query stream (each token
+predicted from the tokens before it in the order, never itself), --stream content the content stream
+(which also sees itself). Two pages, one per stream.
 
 --pattern writes only which token may see which (the model's mask recipe: sliding window, Longformer's
 global tokens, BigBird's blocks) as a PNG, and runs nothing through the model.
@@ -32,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--view", choices=("head", "model", "neuron"), default="head", help="the view it opens on")
     p.add_argument("--layer", type=int, default=0, help="layer it opens on (default 0)")
     p.add_argument("--head", type=int, default=None, help="head it opens on (default: all heads)")
+    p.add_argument("--stream", choices=("content", "query"), default="content",
+                   help="XLNet: which of the two streams to show (query needs --order-seed)")
+    p.add_argument("--order-seed", type=int, default=None,
+                   help="XLNet: sample the factorization order with this seed (default: none, full attention)")
     p.add_argument("--png", action="store_true",
                    help="also write heatmaps: OUTPUT.png (every layer × head) and OUTPUT-L<l>H<h>.png")
     p.add_argument("--pattern", action="store_true",
@@ -55,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         data = seq2seq_data(model, tokenizer, args.text, args.text_b, title)
     else:
         data = extract_text(model, tokenizer, args.text, args.text_b, neuron=True,
-                            neuron_fallback=max(args.layer, 0), title=title)
+                            neuron_fallback=max(args.layer, 0), title=title, stream=args.stream,
+                            order_seed=args.order_seed)
     page = write_page(args.output, render_page(data, view=args.view, layer=args.layer, head=args.head))
     print(f"wrote {page} ({page.stat().st_size / 1e3:.0f} kB, {len(data.tokens)} tokens, "
           f"{data.num_layers} layers × {data.num_heads} heads); open it in any browser")

@@ -177,6 +177,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
         sig["relative_span"] = cfg.relative_span
         sig["position_buckets"] = cfg.position_buckets
         sig["max_relative_positions"] = cfg.max_relative_positions or cfg.max_position_embeddings
+    if cfg.position == "relative_xl":
+        sig.update(relative_segments=cfg.relative_segments, clamp_len=cfg.extra.get("clamp_len", -1))
     if cfg.attention_kind == "block_sparse":
         sig.update(sparse_block_size=cfg.sparse_block_size, num_random_blocks=cfg.num_random_blocks)
     if cfg.position in ("learned", "sinusoidal"):

@@ -74,7 +74,10 @@ class NameTable:
                 m = theirs_pat.match(key)
                 if m:
                     names = [_fill(o, m) for o in ours_t]
-                    value = _apply(value, transform)
+                    try:
+                        value = _apply(value, transform)
+                    except CheckpointError as err:  # a layout object that cannot read the tensor: name it
+                        raise CheckpointError(f"tensor {key}: {err}") from None
                     if len(names) == 1:
                         out[names[0]] = value
                     else:
@@ -89,7 +92,7 @@ class NameTable:
 def _apply(value: torch.Tensor, transform, to_hf: bool = False) -> torch.Tensor:
     if transform == "T" and value.dim() == 2:
         return value.t()
-    if isinstance(transform, HeadInterleave):
+    if callable(transform):  # a layout object: HeadInterleave below, XLNet's per-head tensors (interop/xlnet.py)
         return transform(value, to_hf)
     return value
 

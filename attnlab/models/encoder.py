@@ -12,6 +12,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..nn.disentangled import RelativePositions
 from ..nn.feedforward import activation_fn
+from ..nn.relative_xl import RelativeXL, XLPositions, cache_mems, segment_matrix, stream_masks
 from ..nn.moe import collect_router_logits, load_balancing_loss, router_z_loss
 from ..nn.varlen import Varlen
 from ..nn import AttentionMask, Block, Embeddings, RelativePositionBias, RotaryEmbedding, make_norm
@@ -55,6 +56,8 @@ class Encoder(Model):
             bidirectional=not config.causal) if config.position == "relative_bias" else None
         # DeBERTa: one table of relative-position embeddings for every layer's c2p / p2c scores (He et al. 2021)
         self.rel_positions = RelativePositions(config) if config.disentangled_attention else None
+        # Transformer-XL / XLNet: relative sinusoids, mems, the query stream's start vector (nn/relative_xl.py)
+        self.xl = RelativeXL(config) if config.position == "relative_xl" else None
         if config.share_layers:  # ALBERT: one block applied num_layers times (Lan et al. 2020, §3.1)
             block = Block(config)
             self.layers = nn.ModuleList([block] * config.num_layers)
@@ -99,13 +102,20 @@ class Encoder(Model):
                 inputs_embeds: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, output_hidden_states: bool = False,
                 unpad: bool | None = None, document_ids: torch.Tensor | None = None,
-                global_attention_mask: torch.Tensor | None = None) -> ModelOutput:
+                global_attention_mask: torch.Tensor | None = None, mems=None, perm_mask: torch.Tensor | None = None,
+                target_mapping: torch.Tensor | None = None, use_mems: bool | None = None) -> ModelOutput:
         """`document_ids` (B, T): a packed batch's document of each token; attention stays inside a document
         (pass `position_ids` that restart at each document too). `unpad`: with padding and nothing cached yet, run every linear layer on the real tokens only (see
         attnlab.nn.varlen); outputs are re-padded with zeros at padding positions. True: whenever there is
         padding; False: never; None (default): if `self.unpad` and padding is at least `unpad_min_padding`
         of the batch. `global_attention_mask` (B, T), 1 = global token (Longformer: it sees and is seen by
-        every token; with `global_attention` its output comes from separate projections)."""
+        every token; with `global_attention` its output comes from separate projections).
+        `mems`, `perm_mask`, `target_mapping`, `use_mems`: XLNet's inputs (position relative_xl), see `_xl_forward`."""
+        if self.xl is not None:
+            return self._xl_forward(input_ids, attention_mask, token_type_ids, inputs_embeds, mems, perm_mask,
+                                    target_mapping, use_mems, output_attentions, output_hidden_states)
+        if mems is not None or perm_mask is not None or target_mapping is not None:
+            raise ValueError("mems, perm_mask and target_mapping are XLNet's inputs: they need position: relative_xl")
         offset = past_key_values.get_seq_length() if past_key_values is not None else 0
         self._check_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds, offset)
         cfg = self.config
@@ -176,6 +186,54 @@ class Encoder(Model):
             attentions=tuple(attentions) if attentions is not None else None,
             past_key_values=past_key_values if use_cache else None,
             extra=self._router_outputs(attention_mask, varlen, t) if cfg.num_experts else {})
+
+    def _xl_forward(self, input_ids, attention_mask, token_type_ids, inputs_embeds, mems, perm_mask, target_mapping,
+                    use_mems, output_attentions, output_hidden_states) -> ModelOutput:
+        """XLNet (Yang et al. 2019): the content stream h through every block with Transformer-XL relative
+        attention over [mems; h]; with `target_mapping` (B, M, T) also the query stream g (M rows from the
+        trainable w), which becomes `last_hidden_state`. `perm_mask` (B, T, T), 1 = may not see. `mems`: one
+        (mlen, B, d) tensor per layer, time first as transformers keeps them, returned (as `mems`) when
+        use_mems (default: extra.use_mems_eval / use_mems_train, else in eval mode only, as transformers). Hidden states / attentions of both
+        streams interleave per layer (h, g) as transformers returns them."""
+        b, t = (input_ids if input_ids is not None else inputs_embeds[..., 0]).shape
+        mlen = mems[0].size(0) if mems is not None and mems[0] is not None else 0
+        self._check_inputs(input_ids, attention_mask, None, inputs_embeds)
+        if mems is not None and (len(mems) != len(self.layers) or any(m.shape[1:] != (b, self.config.hidden_size)
+                                                                      for m in mems)):
+            raise ValueError(f"mems: expected {len(self.layers)} tensors of shape (mem_len, {b}, "
+                             f"{self.config.hidden_size}), got {[tuple(m.shape) for m in mems]}")
+        if target_mapping is not None and (target_mapping.dim() != 3 or target_mapping.shape[::2] != (b, t)):
+            raise ValueError(f"target_mapping has shape {tuple(target_mapping.shape)}; expected ({b}, num_predict, {t})")
+        if token_type_ids is not None and token_type_ids.shape != (b, t):
+            raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)} but input_ids has {(b, t)}")
+        if use_mems is None:  # transformers' defaults, and the checkpoint's own when its config.json has them
+            use_mems = bool(self.config.extra.get("use_mems_train", False) if self.training
+                            else self.config.extra.get("use_mems_eval", True))
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        mask_h, mask_g = stream_masks(t, mlen, b, self.config.causal, attention_mask, perm_mask, device)
+        table, index = self.xl.positions(t, mlen, device)
+        pos_h = XLPositions(table, index, segment_matrix(token_type_ids, mlen), mask_h)
+        pos_g = pos_h.for_mask(mask_g)
+        h = self.embeddings(input_ids, None, None, inputs_embeds)
+        g = self.xl.query_stream(b, target_mapping.size(1)) if target_mapping is not None else None
+        past = [m.transpose(0, 1) for m in mems] if mems is not None else [None] * len(self.layers)
+        new_mems, hidden_states, attentions = [], [], []
+        for layer, mem in zip(self.layers, past):
+            if use_mems:
+                new_mems.append(cache_mems(mem, h, self.xl.mem_len, self.xl.reuse_len).transpose(0, 1))
+            hidden_states += [h] if g is None else [h, g]
+            context = h if mem is None else torch.cat([mem, h], dim=1)
+            h_next, w = layer.stream(h, context, pos_h, need_weights=output_attentions)
+            if g is not None:
+                g, w_g = layer.stream(g, context, pos_g, target_mapping, need_weights=output_attentions)
+                w = (w, w_g)
+            h = h_next
+            attentions.append(w)
+        hidden_states += [h] if g is None else [h, g]
+        return ModelOutput(last_hidden_state=self.xl.dropout(g if g is not None else h),
+                           hidden_states=tuple(hidden_states) if output_hidden_states else None,
+                           attentions=tuple(attentions) if output_attentions else None,
+                           extra={"mems": tuple(new_mems) if use_mems else None})
 
     def _router_outputs(self, attention_mask, varlen, t: int) -> dict:
         """An MoE stack's router logits per layer, (B*T, E) as transformers returns them (zeros at padding

@@ -21,6 +21,7 @@ from .disentangled import DisentangledBias
 from .flash import tiled_attention
 from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
 from .positions import apply_rotary
+from .relative_xl import RelativeXLBias, XLPositions
 from .varlen import Varlen
 
 # F.scaled_dot_product_attention(enable_gqa=) exists from torch 2.5 on
@@ -253,7 +254,10 @@ class Attention(nn.Module):
         self.q = nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias)
         self.k = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
+        # Transformer-XL / XLNet: relative position (and segment) terms added to Q Kᵀ (nn/relative_xl.py); its
+        # attention projections, the output one included, carry no bias (Dai et al. 2019, §3.3)
+        self.xl = RelativeXLBias(config) if config.position == "relative_xl" and not cross else None
+        self.o = nn.Linear(self.num_heads * self.head_dim, d, bias=bias and self.xl is None)
         if config.global_attention and not cross:  # Longformer's own Q/K/V for global tokens (§3.1)
             self.q_global, self.k_global, self.v_global = (
                 nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias) for _ in range(3))
@@ -316,8 +320,12 @@ class Attention(nn.Module):
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, bias: torch.Tensor | None = None,
                 memory: torch.Tensor | None = None, cache: KVCacheLike | None = None, layer_idx: int = 0,
                 need_weights: bool = False, varlen: Varlen | None = None,
-                positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """positions: DeBERTa's (relative-position table, index) from the Encoder, for disentangled attention."""
+                positions: tuple[torch.Tensor, torch.Tensor] | XLPositions | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """positions: DeBERTa's (relative-position table, index) from the Encoder, for disentangled attention;
+        XLNet's `XLPositions` (the table, segments and this stream's mask: pass mask=None then)."""
+        if self.xl is not None and (not isinstance(positions, XLPositions) or cache is not None):
+            raise ValueError("relative_xl attention needs the encoder's XLPositions (and carries context in "
+                             "`mems`, not a KV cache)")
         if self.rel is not None:
             if positions is None or cache is not None:
                 raise ValueError("disentangled attention needs the encoder's relative positions and no KV cache")
@@ -337,6 +345,9 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.xl is not None:
+            rel = self.xl(q, k, positions, q.size(-1) ** -0.5 if self.scale is None else self.scale)
+            bias = rel if bias is None else bias + rel
         if self.rel is not None:
             rel = self.rel(q, k, projected, positions[1])
             bias = rel if bias is None else bias + rel

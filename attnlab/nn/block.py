@@ -12,6 +12,7 @@ from .attention import Attention, AttentionMask
 from .feedforward import FeedForward
 from .moe import MoEFeedForward
 from .norms import make_norm
+from .relative_xl import from_positions, to_positions
 
 
 class Block(nn.Module):
@@ -52,3 +53,17 @@ class Block(nn.Module):
                 need_weights=need_weights))
         x, _ = self._residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
         return x, (w_self, w_cross)
+
+    def stream(self, x: torch.Tensor, context: torch.Tensor, positions, target_mapping: torch.Tensor | None = None,
+               need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One of XLNet's two streams through this block (Yang et al. 2019, §2.3): queries from `x`, keys and
+        values from `context` (mems + the content stream). The query stream's M rows (target_mapping
+        (B, M, T)) attend from the positions they predict and come back before the residual. Same
+        parameters as the content stream; nn/relative_xl.py has the rest."""
+        def attend(h):
+            out, w = self.attn(to_positions(h, target_mapping), None, memory=context, positions=positions,
+                               need_weights=need_weights)
+            return from_positions(out, target_mapping), w
+        x, w = self._residual(x, self.attn_norm, attend)
+        x, _ = self._residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+        return x, w

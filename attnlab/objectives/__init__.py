@@ -7,7 +7,8 @@ stream and the Trainer need:
     loss(model, batch)        (loss, sums for evaluation)  (mlm.mlm_loss, clm.clm_loss)
     metrics(sums)             {"loss", "accuracy", ...}
 and the model wrapper to train: MaskedLM (mlm), PreTraining (mlm+nsp, mlm+sop), CausalLM (clm),
-Electra (electra: generator + discriminator), Seq2SeqLM (denoise: BART, objectives/denoise.py).
+Electra (electra: generator + discriminator), Seq2SeqLM (denoise: BART, objectives/denoise.py),
+PermutationLM (plm: XLNet's permutation LM, objectives/plm.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-KINDS = ("mlm", "mlm+nsp", "mlm+sop", "clm", "electra", "denoise")
+KINDS = ("mlm", "mlm+nsp", "mlm+sop", "clm", "electra", "denoise", "plm")
 
 
 @dataclass
@@ -40,6 +41,8 @@ class ObjectiveConfig:
     poisson_lambda: float = 3.0
     noise_permute: float = 1.0
     noise_rotate: float = 0.0
+    # plm (XLNet, Yang et al. 2019 §2.3): predict the last 1/plm_k of each sampled factorization order (K = 6, §3.1)
+    plm_k: float = 6.0
 
     def validate(self) -> None:
         if self.kind not in KINDS:
@@ -50,6 +53,8 @@ class ObjectiveConfig:
             raise ValueError(f"objective.short_seq_prob={self.short_seq_prob}: must lie in [0, 1]")
         if self.kind == "denoise":
             self.noise().validate()
+        if not self.plm_k >= 1:
+            raise ValueError(f"objective.plm_k={self.plm_k}: must be at least 1 (predict the last 1/K of each order)")
         if self.embedding_sharing not in ("shared", "gdes"):
             raise ValueError(f"objective.embedding_sharing={self.embedding_sharing!r}: expected shared or gdes")
         if self.generator_divisor < 1 or not 0 < self.generator_depth <= 1:
@@ -84,6 +89,17 @@ def build_objective(cfg: ObjectiveConfig, tokenizer, seq_len: int) -> Objective:
                          clm.clm_loss, clm.clm_metrics, clm.CausalLM)
     if cfg.kind == "denoise":
         return _denoise(cfg, tokenizer, seq_len)
+    if cfg.kind == "plm":  # XLNet: the model reads the real tokens; the order lives in perm_mask (objectives/plm.py)
+        from ..heads import PermutationLM
+        from . import plm
+        cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        if cls_id is None or sep_id is None:
+            raise ValueError(f"tokenizer {tokenizer.name}: objective.kind=plm packs blocks with [CLS]- and [SEP]-like "
+                             "tokens (cls_token, sep_token)")
+        blocks = partial(mlm.packed_blocks, seq_len=seq_len, cls_id=cls_id, sep_id=sep_id)
+        collate = partial(plm.plm_collate, k=cfg.plm_k, pad_id=tokenizer.pad_token_id or 0)
+        return Objective(cfg.kind, lambda shards, rng: blocks(shards, rng=rng), lambda ex, rng: collate(ex, rng=rng),
+                         plm.plm_loss, plm.plm_metrics, PermutationLM)
     vocab = mlm.Vocab.from_tokenizer(tokenizer)
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:

@@ -25,6 +25,7 @@ import torch
 
 from ..nn.attention import AttentionMask
 from ..nn.positions import apply_rotary
+from ..nn.relative_xl import XLPositions, stream_masks
 
 # Above this many numbers (queries + keys) the page keeps them for one layer only: a bert-base page of
 # 128 tokens would otherwise weigh tens of megabytes.
@@ -130,11 +131,16 @@ def _is_local(backbone: torch.nn.Module, layer_idx: int) -> bool:
 @torch.no_grad()
 def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[str], *,
             token_type_ids: torch.Tensor | None = None, neuron: bool | Sequence[int] = True,
-            neuron_fallback: int = 0, title: str = "") -> AttentionData:
+            neuron_fallback: int = 0, title: str = "", stream: str = "content",
+            order: Sequence[int] | None = None) -> AttentionData:
     """Run `model` on one sequence and collect its attention.
 
     input_ids (1, T) or (T,); `neuron`: True for queries/keys of every layer if they fit NEURON_BUDGET
     (else of layer `neuron_fallback` only), False for none, or a list of layer numbers.
+    XLNet (position relative_xl): `order`, a factorization order of the T positions, becomes a perm_mask
+    (each token sees the tokens before it in the order); `stream` "query" shows the query stream, every
+    token predicted from its predecessors without seeing itself (Yang et al. 2019, §2.3), "content" the
+    content stream (which also sees itself; without an order, full bidirectional attention).
     """
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() == 1:
@@ -166,14 +172,17 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
                 lambda _m, _inp, out, key=(i, name): caught.__setitem__(key, out.detach())))
     was_training = model.training
     model.eval()  # no dropout: the page shows the function the model computes
+    device = next(model.parameters()).device
+    xl, visible = _xl_inputs(backbone, t, stream, order, device)
     try:
-        device = next(model.parameters()).device
         out = backbone(input_ids=input_ids.to(device), output_attentions=True,
-                       token_type_ids=token_type_ids.to(device) if token_type_ids is not None else None)
+                       token_type_ids=token_type_ids.to(device) if token_type_ids is not None else None, **xl)
     finally:
         for handle in handles:
             handle.remove()
         model.train(was_training)
+    if "target_mapping" in xl:  # two streams: per layer (content, query); the hooks caught the query stream's q
+        out.attentions = tuple(w[1] for w in out.attentions)
     if not out.attentions or any(w is None for w in out.attentions):
         raise ValueError(f"{type(model).__name__} returned no attention weights for output_attentions=True")
 
@@ -200,6 +209,17 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
         if positions is not None:  # DeBERTa: c2p + p2c enter the neuron view as the bias they are to q·k
             attn = backbone.layers[i].attn
             data.bias[i] = attn.rel(q, k, attn.rel.project(positions, attn.q, attn.k), positions[1])[0].float().cpu()
+        if getattr(backbone, "xl", None) is not None:  # XLNet: the relative terms, likewise (segments left out),
+            # with the stream's additive mask: a query that may see nothing (the first of the order) attends
+            # uniformly, as the model computes it
+            table, index = backbone.xl.positions(t, 0, device)
+            masks = stream_masks(t, 0, 1, cfg.causal, None, xl.get("perm_mask"), device)
+            pos = XLPositions(table, index, None, masks[1] if stream == "query" else masks[0])
+            attn = backbone.layers[i].attn
+            data.bias[i] = attn.xl(q, k, pos, data.scale)[0].float().cpu()
+        if visible is not None:
+            data.allowed[i] = visible
+            continue
         mask = AttentionMask.build(None, t, t, causal=cfg.causal, device=device,
                                    window=cfg.sliding_window if _is_local(backbone, i) else None)
         if mask.allowed is not None:
@@ -209,15 +229,45 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     return data
 
 
+def _xl_inputs(backbone, t: int, stream: str, order, device) -> tuple[dict, torch.Tensor | None]:
+    """XLNet's perm_mask / target_mapping for `extract`, and the (T, T) keys each shown query may see."""
+    if stream not in ("content", "query"):
+        raise ValueError(f"stream={stream!r}: expected content or query")
+    if getattr(backbone, "xl", None) is None:
+        if stream == "query" or order is not None:
+            raise ValueError("the query stream and factorization orders are XLNet's (position: relative_xl)")
+        return {}, None
+    if order is None:
+        if stream == "query":
+            raise ValueError("the query stream needs a factorization order (--order-seed)")
+        return {}, None
+    rank = torch.empty(t, dtype=torch.long)
+    rank[torch.as_tensor(list(order))] = torch.arange(t)
+    if sorted(int(p) for p in order) != list(range(t)):
+        raise ValueError(f"order must be a permutation of the {t} positions")
+    hidden = rank[None, :] >= rank[:, None]  # i may not see j: j is i itself or comes later in the order
+    xl = {"perm_mask": hidden[None].float().to(device)}
+    if stream == "query":
+        xl["target_mapping"] = torch.eye(t, device=device)[None]  # every token predicted at its own position
+        return xl, ~hidden | hidden.all(-1, keepdim=True)  # the order's first token sees nothing: uniform
+    return xl, ~hidden | torch.eye(t, dtype=torch.bool)
+
+
 def extract_text(model: torch.nn.Module, tokenizer, text: str, text_b: str | None = None, *,
-                 neuron: bool | Sequence[int] = True, neuron_fallback: int = 0, title: str = "") -> AttentionData:
+                 neuron: bool | Sequence[int] = True, neuron_fallback: int = 0, title: str = "",
+                 stream: str = "content", order_seed: int | None = None) -> AttentionData:
     """Tokenize `text` (and `text_b`, as a BERT pair with segments A/B) and extract the attention."""
     if not text or not text.strip():
         raise ValueError("--text is empty: give the sentence to look inside")
     enc = tokenizer(text, text_b, return_tensors="pt")
     types = enc.get("token_type_ids")
+    t = enc["input_ids"].size(1)
+    order = None if order_seed is None else torch.randperm(t, generator=torch.Generator().manual_seed(order_seed))
+    if order is not None:
+        title = f"{title} ({stream} stream, order {' '.join(map(str, order.tolist()))})"
     return extract(model, enc["input_ids"], enc.tokens(0), token_type_ids=types if text_b is not None else None,
-                   neuron=neuron, neuron_fallback=neuron_fallback, title=title)
+                   neuron=neuron, neuron_fallback=neuron_fallback, title=title, stream=stream,
+                   order=order.tolist() if order is not None else None)
 
 
 def neuron_softmax(data: AttentionData, layer: int) -> torch.Tensor:

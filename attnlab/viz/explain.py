@@ -60,7 +60,8 @@ def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
     backbone = getattr(model, "backbone", model)
     rows: list[tuple[str, int]] = [("embeddings" + _factorized(backbone), count(backbone.embeddings))]
     for extra, label in (("rope", "rope"), ("relative_bias", "relative bias"),
-                         ("rel_positions", "relative-position table (DeBERTa, shared by all layers)")):
+                         ("rel_positions", "relative-position table (DeBERTa, shared by all layers)"),
+                         ("xl", "query-stream start vector w (XLNet mask_emb)")):
         if count(getattr(backbone, extra, None)):
             rows.append((label, count(getattr(backbone, extra))))
     layers = list(backbone.layers)
@@ -68,7 +69,8 @@ def parameter_breakdown(model: nn.Module) -> list[tuple[str, int]]:
         first = layers[0]
         per_layer = count(first)
         shared = len({id(layer) for layer in layers}) == 1 and len(layers) > 1
-        parts = [f"attention {count(first.attn):,}"]
+        xl = count(getattr(first.attn, "xl", None))
+        parts = [f"attention {count(first.attn) - xl:,}" + (f" + relative W_r, u, v, segments {xl:,}" if xl else "")]
         if first.cross_attn is not None:
             parts.append(f"cross-attention {count(first.cross_attn):,}")
         parts += [f"feed-forward {count(first.ffn):,}",
@@ -119,6 +121,9 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
     scale = "" if cfg.attention_scale is None else f" (scale {cfg.attention_scale:g} instead of 1/√{dh})"
     bias = " + relative position bias" if cfg.position == "relative_bias" else ""
     root = f"√{dh}"
+    if cfg.position == "relative_xl":
+        steps += _relative_xl_steps(cfg, n)
+        bias = " + (Q+v)R_{i-j}ᵀ + u·K" + (" + segments" if cfg.relative_segments else "")
     if cfg.disentangled_attention:
         steps += _disentangled_steps(cfg, n)
         bias = "".join(f" + {kind}" for kind in cfg.disentangled_attention)
@@ -134,13 +139,15 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
             mask += f"; local layers see ±{w} tokens"
         visible = min(n, cfg.sliding_window if cfg.causal else 2 * cfg.sliding_window - 1)
     # scores and probabilities are both (heads × n × n): the quadratic part of the memory
-    formula = f"softmax((QKᵀ{bias})/{root})" if cfg.disentangled_attention else f"softmax(QKᵀ/{root}{bias})"
+    formula = (f"softmax((QKᵀ{bias})/{root})" if cfg.disentangled_attention or cfg.position == "relative_xl"
+               else f"softmax(QKᵀ/{root}{bias})")
     steps.append(Step(f"scores {formula}: ({h}×{n}×{n}){scale}; {mask}",
                       h * _mm(n, dh, n) + 5 * h * n * n, activations=2 * h * n * n))
     steps.append(Step(f"weighted sum of values: ({h}×{n}×{n})@({h}×{n}×{dh}) -> ({h}×{n}×{dh})", h * _mm(n, n, dh),
                       activations=h * n * dh))
+    bo = 0 if cfg.position == "relative_xl" else b  # Transformer-XL's output projection has no bias
     steps.append(Step(f"concatenate heads -> ({n}×{h * dh}), output projection ({n}×{h * dh})@({h * dh}×{d})",
-                      _mm(n, h * dh, d), h * dh * d + b * d, n * d))
+                      _mm(n, h * dh, d), h * dh * d + bo * d, n * d))
     norm = "LayerNorm" if cfg.norm == "layernorm" else "RMSNorm"
     norm_params = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     if cfg.norm_placement == "post":
@@ -175,6 +182,21 @@ def layer_walkthrough(cfg: ModelConfig, seq_len: int, local: bool | None = None)
         steps.append(Step(f"pre-norm: x + FFN({norm}(x)) ({n}×{d})", 8 * n * d, norm_params, n * d))
     if visible < n:  # a local layer only computes the band of the score matrix it keeps
         steps.append(Step(f"(a local layer needs only {visible} of {n} scores per query)"))
+    return steps
+
+
+def _relative_xl_steps(cfg: ModelConfig, n: int) -> list[Step]:
+    """Transformer-XL / XLNet (Dai et al. 2019, §3.3; Yang et al. 2019, §2.5): the 2n sinusoids of the distances
+    projected by W_r, (Q + v) against them, each (i, j) reading distance i - j; u·K; segment terms. In
+    pretraining XLNet's query stream repeats the attention and FFN steps for each predicted token."""
+    d, h, dh, r = cfg.hidden_size, cfg.num_heads, cfg.dim_head, 2 * n
+    steps = [Step(f"relative positions: the {r} sinusoids of distances {n}..{-n + 1} through W_r: ({r}×{d})@({d}×{h * dh}); "
+                  f"(Q+v)R ({h}×{n}×{r}), each (i, j) reads distance i-j; u·K ({h}×{n})",
+                  _mm(r, d, h * dh) + h * _mm(n, dh, r) + h * _mm(1, dh, n), d * h * dh + 2 * h * dh,
+                  r * h * dh + 2 * h * n * r)]
+    if cfg.relative_segments:
+        steps.append(Step(f"relative segments: (Q+b)·s for same / different segment ({h}×{n}×2), each (i, j) "
+                          "reads one", h * _mm(n, dh, 2), 3 * h * dh, h * n * 2))
     return steps
 
 
@@ -248,7 +270,8 @@ def describe(model: nn.Module, seq_len: int = 128, title: str = "", walkthrough:
             lines.append(f"  {key:<24} {value}")
     for key, default in (("attention_scale", None), ("qkv_bias", None), ("rotary_fraction", 1.0),
                          ("parallel_residual", False), ("disentangled_attention", []), ("position_buckets", 0),
-                         ("max_relative_positions", None), ("share_att_key", False)):  # shown only where set
+                         ("max_relative_positions", None), ("share_att_key", False), ("relative_segments", False),
+                         ("mem_len", None), ("reuse_len", None)):  # shown only where set
         if getattr(cfg, key) != default:
             lines.append(f"  {key:<24} {getattr(cfg, key)}")
     lines.append("parameters per component:")
