@@ -1,0 +1,238 @@
+"""SentencePiece Unigram models (Kudo 2018) read from their `.model` file, without sentencepiece or protobuf.
+
+A `.model` file is one protobuf `ModelProto` message (sentencepiece_model.proto): the pieces with their
+log-probabilities and types, the trainer's settings (unk/bos/eos/pad ids, byte_fallback) and the
+normalizer's (a precompiled character map such as nmt_nfkc, add_dummy_prefix, remove_extra_whitespaces,
+escape_whitespaces). `read_model` decodes the few fields we need with a 40-line wire-format reader.
+
+Encoding a line, as sentencepiece does it:
+  1. normalize     each longest prefix of the input found in the charsmap's trie is replaced by its rule
+                   (NFKC plus NMT clean-ups); runs of spaces collapse, leading/trailing spaces go
+  2. escape        a "▁" is prepended (add_dummy_prefix) and every space becomes "▁":
+                   "Two  dogs " -> "▁Two▁dogs"
+  3. Viterbi       the segmentation maximising the sum of piece log-probabilities, over the whole line;
+                   a character no piece covers costs min_score - 10 and becomes <unk> (or its UTF-8 bytes
+                   <0x..> with byte_fallback); user-defined pieces always win where they match
+The Rust `tokenizers` library has each step (Precompiled normalizer, Unigram model with byte fallback),
+so `build_unigram` assembles them; tests/test_unigram.py holds the ids equal to sentencepiece's on
+every Multi30k line. Training (EM over a seed vocabulary, then pruning the pieces whose removal costs
+the least likelihood) uses the Rust UnigramTrainer; `write_model` saves the result as a `.model` file
+that sentencepiece itself loads.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tokenizers as tk
+
+__all__ = ["Piece", "SentencePieceModel", "read_model", "write_model", "build_unigram"]
+
+# ModelProto.SentencePiece.Type
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPACE = "\u2581"  # "▁", how sentencepiece writes a space inside pieces
+UNIGRAM, BPE = 1, 2
+
+
+@dataclass
+class Piece:
+    piece: str
+    score: float = 0.0
+    type: int = NORMAL
+
+
+@dataclass
+class SentencePieceModel:
+    """What encoding and decoding need from a ModelProto (field numbers from sentencepiece_model.proto)."""
+    pieces: list[Piece]
+    model_type: int = UNIGRAM
+    byte_fallback: bool = False
+    unk_surface: str = " \u2047 "
+    treat_whitespace_as_suffix: bool = False
+    normalizer_name: str = ""
+    precompiled_charsmap: bytes = b""
+    add_dummy_prefix: bool = True
+    remove_extra_whitespaces: bool = True
+    escape_whitespaces: bool = True
+    trainer: dict = field(default_factory=dict)  # the other TrainerSpec fields we read, by name
+
+    def id_of(self, kind: int) -> int | None:
+        return next((i for i, p in enumerate(self.pieces) if p.type == kind), None)
+
+
+# ----------------------------------------------------------------------------------------------
+# The protobuf wire format: each field is a varint key (number << 3 | wire type) then its value
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(data: bytes):
+    """Yield (field number, value): ints for varint/fixed fields, bytes for length-delimited ones."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 1:
+            value, pos = data[pos:pos + 8], pos + 8
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            value, pos = data[pos:pos + size], pos + size
+        elif wire == 5:
+            value, pos = data[pos:pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} (field {number})")
+        if pos > len(data):
+            raise ValueError(f"field {number} runs past the end of the message")
+        yield number, value
+
+
+_TRAINER_FIELDS = {3: "model_type", 4: "vocab_size", 35: "byte_fallback", 24: "treat_whitespace_as_suffix",
+                   40: "unk_id", 41: "bos_id", 42: "eos_id", 43: "pad_id", 44: "unk_surface",
+                   45: "unk_piece", 46: "bos_piece", 47: "eos_piece", 48: "pad_piece"}
+_NORMALIZER_FIELDS = {1: "normalizer_name", 2: "precompiled_charsmap", 3: "add_dummy_prefix",
+                      4: "remove_extra_whitespaces", 5: "escape_whitespaces"}
+
+
+def read_model(path: str | Path) -> SentencePieceModel:
+    """Parse a sentencepiece `.model` file (ModelProto) into a `SentencePieceModel`."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        pieces, trainer, norm = [], {}, {}
+        for number, value in _fields(data):
+            if number == 1:  # repeated SentencePiece {piece=1, score=2 (float), type=3}
+                p = Piece("")
+                for n, v in _fields(value):
+                    if n == 1:
+                        p.piece = v.decode("utf-8")
+                    elif n == 2:
+                        p.score = struct.unpack("<f", v)[0]
+                    elif n == 3:
+                        p.type = v
+                pieces.append(p)
+            elif number in (2, 3):  # TrainerSpec, NormalizerSpec
+                names, out = (_TRAINER_FIELDS, trainer) if number == 2 else (_NORMALIZER_FIELDS, norm)
+                for n, v in _fields(value):
+                    if n in names:
+                        out[names[n]] = v
+    except (ValueError, UnicodeDecodeError, struct.error) as e:
+        raise ValueError(f"{path}: not a sentencepiece model file ({e})") from None
+    if not pieces:
+        raise ValueError(f"{path}: not a sentencepiece model file (no pieces)")
+    model = SentencePieceModel(pieces, trainer={k: (v.decode("utf-8") if isinstance(v, bytes) else v)
+                                                for k, v in trainer.items()})
+    model.model_type = trainer.get("model_type", UNIGRAM)
+    model.byte_fallback = bool(trainer.get("byte_fallback", False))
+    model.treat_whitespace_as_suffix = bool(trainer.get("treat_whitespace_as_suffix", False))
+    if "unk_surface" in trainer:
+        model.unk_surface = trainer["unk_surface"].decode("utf-8")
+    model.normalizer_name = norm.get("normalizer_name", b"").decode("utf-8")
+    model.precompiled_charsmap = norm.get("precompiled_charsmap", b"")
+    for name in ("add_dummy_prefix", "remove_extra_whitespaces", "escape_whitespaces"):
+        setattr(model, name, bool(norm.get(name, True)))
+    if model.model_type != UNIGRAM:
+        raise ValueError(f"{path}: a sentencepiece {'BPE' if model.model_type == BPE else 'non-Unigram'} model "
+                         f"(model_type={model.model_type}); only Unigram models are supported")
+    if model.treat_whitespace_as_suffix:
+        raise ValueError(f"{path}: treat_whitespace_as_suffix models are not supported")
+    if model.id_of(UNKNOWN) is None:
+        raise ValueError(f"{path}: the model has no unknown piece (type UNKNOWN)")
+    return model
+
+
+def _key(number: int, wire: int) -> bytes:
+    return _enc_varint(number << 3 | wire)
+
+
+def _enc_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _bytes_field(number: int, value: bytes) -> bytes:
+    return _key(number, 2) + _enc_varint(len(value)) + value
+
+
+def write_model(model: SentencePieceModel, path: str | Path) -> Path:
+    """Write `model` as a ModelProto that sentencepiece.SentencePieceProcessor(model_file=path) loads."""
+    out = bytearray()
+    for p in model.pieces:
+        body = _bytes_field(1, p.piece.encode("utf-8")) + _key(2, 5) + struct.pack("<f", p.score)
+        if p.type != NORMAL:
+            body += _key(3, 0) + _enc_varint(p.type)
+        out += _bytes_field(1, body)
+    ids = {"unk_id": model.id_of(UNKNOWN)}
+    trainer = _key(3, 0) + _enc_varint(UNIGRAM) + _key(4, 0) + _enc_varint(len(model.pieces))
+    trainer += _key(35, 0) + _enc_varint(int(model.byte_fallback))
+    for name, number in (("unk_id", 40), ("bos_id", 41), ("eos_id", 42), ("pad_id", 43)):
+        value = model.trainer.get(name, ids.get(name, -1))
+        trainer += _key(number, 0) + _enc_varint(value & 0xFFFFFFFFFFFFFFFF)  # int32 -1: ten-byte varint
+    out += _bytes_field(2, trainer)
+    norm = _bytes_field(1, model.normalizer_name.encode("utf-8"))
+    if model.precompiled_charsmap:
+        norm += _bytes_field(2, model.precompiled_charsmap)
+    for name, number in (("add_dummy_prefix", 3), ("remove_extra_whitespaces", 4), ("escape_whitespaces", 5)):
+        norm += _key(number, 0) + _enc_varint(int(getattr(model, name)))
+    out += _bytes_field(3, norm)
+    path = Path(path)
+    path.write_bytes(bytes(out))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# The encoding pipeline on the Rust library
+
+def build_unigram(model: SentencePieceModel) -> tk.Tokenizer:
+    """A `tokenizers.Tokenizer` that encodes and decodes as sentencepiece does with `model`.
+
+    Differences from sentencepiece's own Viterbi that the Rust model forces, each only for text that spells a
+    piece no text should produce: control and byte pieces ("<s>", "<0x41>") typed literally can match.
+    """
+    norm = []
+    if model.precompiled_charsmap:
+        norm.append(tk.normalizers.Precompiled(model.precompiled_charsmap))
+    if model.remove_extra_whitespaces:
+        # only " " counts, as in sentencepiece's normalizer (a tab the charsmap keeps stays)
+        norm += [tk.normalizers.Replace(tk.Regex(" {2,}"), " "), tk.normalizers.Replace(tk.Regex("^ | $"), "")]
+    if model.add_dummy_prefix:
+        norm.append(tk.normalizers.Prepend(SPACE if model.escape_whitespaces else " "))
+    if model.escape_whitespaces:
+        norm.append(tk.normalizers.Replace(" ", SPACE))
+    # sentencepiece gives user-defined pieces length * max_score - 0.1, where max_score starts at FLT_MIN
+    # (a positive number), so with the usual all-negative log-probabilities they score -0.1 (unigram_model.cc)
+    max_score = max([1.17549435e-38] + [p.score for p in model.pieces if p.type == NORMAL])
+    vocab = [(p.piece, len(p.piece.encode("utf-8")) * max_score - 0.1 if p.type == USER_DEFINED else p.score)
+             for p in model.pieces]
+    backend = tk.Tokenizer(tk.models.Unigram(vocab, unk_id=model.id_of(UNKNOWN), byte_fallback=model.byte_fallback))
+    backend.normalizer = tk.normalizers.Sequence(norm)
+    # <unk> decodes to unk_surface (" ⁇ "), which the leading-space strip below must not touch: it is
+    # parked as a noncharacter (never in real text) until the strip is done
+    unk, parked = model.pieces[model.id_of(UNKNOWN)].piece, "\ufdd0"
+    decoders = [tk.decoders.Replace(unk, parked), tk.decoders.Replace(SPACE, " "), tk.decoders.ByteFallback(),
+                tk.decoders.Fuse()]
+    if model.add_dummy_prefix or model.remove_extra_whitespaces:
+        # sentencepiece drops the leading "▁" of the first piece; all leading ones when it removes extra spaces
+        decoders.append(tk.decoders.Strip(" ", 10**6 if model.remove_extra_whitespaces else 1, 0))
+    decoders.append(tk.decoders.Replace(parked, model.unk_surface))
+    backend.decoder = tk.decoders.Sequence(decoders)
+    # control pieces (<s>, </s>, <pad>, <cls>) are never produced by text and decode to nothing
+    backend.add_special_tokens([tk.AddedToken(p.piece, special=True, normalized=False)
+                                for p in model.pieces if p.type == CONTROL])
+    return backend
