@@ -21,13 +21,15 @@ that sentencepiece itself loads.
 """
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tokenizers as tk
 
-__all__ = ["Piece", "SentencePieceModel", "read_model", "write_model", "build_unigram"]
+__all__ = ["Piece", "SentencePieceModel", "read_model", "write_model", "build_unigram", "MODEL_FILES",
+           "sentencepiece_family", "build_family"]
 
 # ModelProto.SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -199,13 +201,13 @@ def write_model(model: SentencePieceModel, path: str | Path) -> Path:
 # ----------------------------------------------------------------------------------------------
 # The encoding pipeline on the Rust library
 
-def build_unigram(model: SentencePieceModel) -> tk.Tokenizer:
+def build_unigram(model: SentencePieceModel, before: list | None = None) -> tk.Tokenizer:
     """A `tokenizers.Tokenizer` that encodes and decodes as sentencepiece does with `model`.
 
     Differences from sentencepiece's own Viterbi that the Rust model forces, each only for text that spells a
     piece no text should produce: control and byte pieces ("<s>", "<0x41>") typed literally can match.
     """
-    norm = []
+    norm = list(before or [])  # a family's own clean-ups ahead of sentencepiece's (ALBERT lower-cases)
     if model.precompiled_charsmap:
         norm.append(tk.normalizers.Precompiled(model.precompiled_charsmap))
     if model.remove_extra_whitespaces:
@@ -236,3 +238,80 @@ def build_unigram(model: SentencePieceModel) -> tk.Tokenizer:
     backend.add_special_tokens([tk.AddedToken(p.piece, special=True, normalized=False)
                                 for p in model.pieces if p.type == CONTROL])
     return backend
+
+
+# ----------------------------------------------------------------------------------------------
+# The checkpoints' layouts: which specials each model family puts around sentencepiece's ids
+
+MODEL_FILES = ("spiece.model", "sentencepiece.bpe.model")  # T5 / ALBERT / XLNet, XLM-R (a Unigram despite the name)
+_CLASSES = {"t5": "t5", "mt5": "t5", "albert": "albert", "xlnet": "xlnet", "xlmroberta": "xlm-roberta",
+            "xlm-roberta": "xlm-roberta"}
+
+
+def sentencepiece_family(model_file: Path, config: dict, model_type: str | None) -> str:
+    """"t5", "albert", "xlnet", "xlm-roberta" or "sentencepiece" (ids exactly as the .model gives them), from
+    tokenizer_config.json's tokenizer_class, else config.json's model_type, else the file's name."""
+    cls = str(config.get("tokenizer_class") or "").lower().removesuffix("fast").removesuffix("tokenizer")
+    for key in (cls, (model_type or "").lower().replace("_", "-")):
+        if key in _CLASSES:
+            return _CLASSES[key]
+    return "xlm-roberta" if model_file.name == "sentencepiece.bpe.model" else "sentencepiece"
+
+
+def _signed(value: int) -> int:  # an int32 field written as a 64-bit varint: -1 arrives as 2**64 - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def build_family(model: SentencePieceModel, family: str, config: dict) -> tuple[tk.Tokenizer, dict[str, str], int]:
+    """(backend, role -> token, model_max_length) for `family`, as transformers' tokenizers of that name
+    build them from the same .model file."""
+    pieces, before, extra = list(model.pieces), [], []
+    if family == "xlm-roberta":
+        # fairseq's dictionary: <s> <pad> </s> <unk> first, so every other piece moves up by one (Conneau et al.
+        # 2020 reuse fairseq's RoBERTa code); sentencepiece's own <unk> <s> </s> (ids 0-2) give way, <mask> last
+        pieces = [Piece("<s>", 0, CONTROL), Piece("<pad>", 0, CONTROL), Piece("</s>", 0, CONTROL),
+                  Piece("<unk>", 0, UNKNOWN), *[p for p in pieces[3:]], Piece("<mask>", 0, CONTROL)]
+        specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                    "mask_token": "<mask>", "cls_token": "<s>", "sep_token": "</s>"}
+        single, pair = "<s> $A </s>", "<s> $A </s> </s> $B </s>"
+    elif family == "t5":
+        # 100 sentinels for span corruption after the pieces, <extra_id_0> last (Raffel et al. 2020, §3.1.4)
+        extra = [f"<extra_id_{i}>" for i in reversed(range(int(config.get("extra_ids", 100))))]
+        specials = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+        single, pair = "$A </s>", "$A </s> $B </s>"
+    elif family in ("albert", "xlnet"):
+        # both clean text before sentencepiece: `` and '' become ", accents go (NFKD), ALBERT lower-cases
+        before = [tk.normalizers.Replace("``", '"'), tk.normalizers.Replace("''", '"')]
+        if not config.get("keep_accents", False):
+            before += [tk.normalizers.NFKD(), tk.normalizers.StripAccents()]
+        if config.get("do_lower_case", family == "albert"):
+            before.append(tk.normalizers.Lowercase())
+        if family == "albert":
+            specials = {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "<unk>", "sep_token": "[SEP]",
+                        "pad_token": "<pad>", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+            single, pair = "[CLS]:0 $A:0 [SEP]:0", "[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1"
+        else:  # XLNet puts its <sep> <cls> at the end, <cls> with segment id 2 (Yang et al. 2019, §2.5)
+            specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "<sep>",
+                        "pad_token": "<pad>", "cls_token": "<cls>", "mask_token": "<mask>"}
+            single, pair = "$A:0 <sep>:0 <cls>:2", "$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2"
+    else:  # plain sentencepiece: its own <unk>, and <s> </s> <pad> where the trainer gave them ids; no template
+        specials, single = {}, None
+        for role, default in (("unk", 0), ("bos", 1), ("eos", 2), ("pad", -1)):
+            i = _signed(model.trainer.get(f"{role}_id", default))
+            if 0 <= i < len(pieces):
+                specials[f"{role}_token"] = pieces[i].piece
+    model = dataclasses.replace(model, pieces=pieces)
+    missing = [t for t in specials.values() if t not in {p.piece for p in pieces}]
+    if missing:
+        raise ValueError(f"a {family} sentencepiece model needs the pieces {', '.join(sorted(set(missing)))}")
+    backend = build_unigram(model, before)
+    backend.add_special_tokens([tk.AddedToken(t, special=True, normalized=False)
+                                for t in [*specials.values(), *extra] if t != model.pieces[model.id_of(UNKNOWN)].piece])
+    if single is not None:
+        ids = {t: backend.token_to_id(t) for t in specials.values()}
+        backend.post_processor = tk.processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=[(t, i) for t, i in ids.items() if t in single + pair])
+    max_length = config.get("model_max_length")
+    if not isinstance(max_length, int) or max_length >= 1_000_000:
+        max_length = 512
+    return backend, specials, max_length
