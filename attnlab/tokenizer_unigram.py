@@ -22,6 +22,7 @@ that sentencepiece itself loads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from pathlib import Path
 import tokenizers as tk
 
 __all__ = ["Piece", "SentencePieceModel", "read_model", "write_model", "build_unigram", "MODEL_FILES",
-           "sentencepiece_family", "build_family"]
+           "sentencepiece_family", "build_family", "train_unigram", "UNIGRAM_SPECIALS"]
 
 # ModelProto.SentencePiece.Type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -238,6 +239,36 @@ def build_unigram(model: SentencePieceModel, before: list | None = None) -> tk.T
     backend.add_special_tokens([tk.AddedToken(p.piece, special=True, normalized=False)
                                 for p in model.pieces if p.type == CONTROL])
     return backend
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+
+UNIGRAM_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # sentencepiece's default ids 0-2, then a pad at 3
+
+
+def train_unigram(files, vocab_size: int, *, specials=UNIGRAM_SPECIALS, max_piece_length: int = 16,
+                  progress: bool = False) -> SentencePieceModel:
+    """Learn a Unigram vocabulary (Kudo 2018, §3.2) with the Rust trainer: seed pieces from the frequent
+    substrings, EM re-estimates their probabilities, then the 25% whose removal lowers the likelihood
+    least are pruned, until `vocab_size` pieces remain (specials included).
+
+    Like sentencepiece's trainer, words are the units (spaces become "▁" at the start of each word, so no
+    piece spans two words); unlike it, the text is not NFKC-normalised (sentencepiece's
+    normalization_rule_name=identity), so that the saved spiece.model means the same to both libraries.
+    """
+    backend = tk.Tokenizer(tk.models.Unigram())
+    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    trainer = tk.trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(specials), unk_token=specials[0],
+                                         max_piece_length=max_piece_length, show_progress=progress)
+    backend.train([str(f) for f in files], trainer)
+    learned = json.loads(backend.to_str())["model"]["vocab"]  # (piece, log-probability) pairs
+    if len(learned) <= len(specials):
+        raise ValueError(f"no text to learn a vocabulary from in {', '.join(map(str, files))}")
+    kinds = {t: CONTROL for t in specials} | {specials[0]: UNKNOWN}
+    pieces = [Piece(t, 0.0 if t in kinds else float(score), kinds.get(t, NORMAL)) for t, score in learned]
+    ids = {f"{role}_id": i for i, role in enumerate(("unk", "bos", "eos", "pad")[:len(specials)])}
+    return SentencePieceModel(pieces, normalizer_name="identity", trainer=ids)
 
 
 # ----------------------------------------------------------------------------------------------

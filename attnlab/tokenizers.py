@@ -174,10 +174,13 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 def _sentencepiece(path: Path, config: dict, folder: Path) -> Tokenizer:
     """A sentencepiece Unigram `.model` with the specials of the family named by the files beside it."""
-    model = unigram.read_model(path)
     family = unigram.sentencepiece_family(path, config, _read_json(folder / "config.json").get("model_type"))
+    return _unigram_tokenizer(unigram.read_model(path), family, config, str(path))
+
+
+def _unigram_tokenizer(model: unigram.SentencePieceModel, family: str, config: dict, name: str) -> Tokenizer:
     backend, specials, max_length = unigram.build_family(model, family, config)
-    tok = Tokenizer(backend, specials=specials, model_max_length=max_length, name=str(path))
+    tok = Tokenizer(backend, specials=specials, model_max_length=max_length, name=name)
     tok.sentencepiece = model if family == "sentencepiece" else None  # save() writes it back as spiece.model
     return tok
 
@@ -294,7 +297,8 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
     [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4. kind="bpe": byte-level BPE like GPT-2 (every byte is in
     the alphabet, so nothing is ever unknown), special <|endoftext|>. kind="bart": the same byte-level BPE
     with BART/RoBERTa's specials <s> <pad> </s> <unk> = ids 0-3 and <mask> last. kind="char": one token
-    per character.
+    per character. kind="unigram": a SentencePiece Unigram model (<unk> <s> </s> <pad> = ids 0-3, "▁" marks
+    a word's start; `min_frequency` and `lowercase` do not apply); saving also writes spiece.model.
     Save the result with `.save(dir)`; `load_tokenizer(dir)` reads it back.
     """
     files = [str(f) for f in files]
@@ -302,6 +306,10 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
         return build_char_tokenizer(files)
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} must be positive")
+    if kind == "unigram":
+        model = unigram.train_unigram(files, vocab_size, specials=tuple(special_tokens or unigram.UNIGRAM_SPECIALS),
+                                      progress=progress)
+        return _unigram_tokenizer(model, "sentencepiece", {}, "unigram")
     if kind == "wordpiece":
         specials = list(special_tokens or ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])  # BERT's ids 0-4
         backend = build_wordpiece({t: i for i, t in enumerate(specials)}, lowercase=lowercase)
@@ -317,7 +325,7 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
                                          initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                          show_progress=progress)
     else:
-        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe, bart or char")
+        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe, bart, unigram or char")
     backend.train(files, trainer)
     if backend.get_vocab_size() <= len(specials):
         raise ValueError(f"no text to learn a vocabulary from in {', '.join(files)}")
