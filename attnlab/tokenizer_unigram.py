@@ -202,11 +202,23 @@ def write_model(model: SentencePieceModel, path: str | Path) -> Path:
 # ----------------------------------------------------------------------------------------------
 # The encoding pipeline on the Rust library
 
+# sentencepiece's lattice holds only normal and user-defined pieces; the Rust one holds every piece, so the
+# others get a score no path takes while another exists. The unknown-character cost (min score - 10) moves
+# with it, which changes no segmentation: an unknown character has no other piece covering it.
+_NEVER = -1e6
+
+
 def build_unigram(model: SentencePieceModel, before: list | None = None) -> tk.Tokenizer:
     """A `tokenizers.Tokenizer` that encodes and decodes as sentencepiece does with `model`.
 
-    Differences from sentencepiece's own Viterbi that the Rust model forces, each only for text that spells a
-    piece no text should produce: control and byte pieces ("<s>", "<0x41>") typed literally can match.
+    Where it still differs from sentencepiece (none of it occurs in Multi30k; a fuzz of random Unicode
+    found nothing else):
+    - the Rust charsmap lookup works on grapheme clusters, sentencepiece's on the longest matching prefix,
+      so a combining mark after a mapped character ("ﬁ" + U+0308) and decomposed Hangul jamo normalize
+      differently (transformers' fast tokenizers share this);
+    - control pieces typed literally ("<s>", "</s>") are those pieces, as in transformers; sentencepiece
+      spells them out character by character. So do we for "<unk>" and "<0x41>", unless one of their
+      characters is itself unknown (then one such piece costs less than two unknowns).
     """
     norm = list(before or [])  # a family's own clean-ups ahead of sentencepiece's (ALBERT lower-cases)
     if model.precompiled_charsmap:
@@ -221,8 +233,8 @@ def build_unigram(model: SentencePieceModel, before: list | None = None) -> tk.T
     # sentencepiece gives user-defined pieces length * max_score - 0.1, where max_score starts at FLT_MIN
     # (a positive number), so with the usual all-negative log-probabilities they score -0.1 (unigram_model.cc)
     max_score = max([1.17549435e-38] + [p.score for p in model.pieces if p.type == NORMAL])
-    vocab = [(p.piece, len(p.piece.encode("utf-8")) * max_score - 0.1 if p.type == USER_DEFINED else p.score)
-             for p in model.pieces]
+    vocab = [(p.piece, len(p.piece.encode("utf-8")) * max_score - 0.1 if p.type == USER_DEFINED
+              else _NEVER if p.type in (UNKNOWN, BYTE, UNUSED) else p.score) for p in model.pieces]
     backend = tk.Tokenizer(tk.models.Unigram(vocab, unk_id=model.id_of(UNKNOWN), byte_fallback=model.byte_fallback))
     backend.normalizer = tk.normalizers.Sequence(norm)
     # <unk> decodes to unk_surface (" ⁇ "), which the leading-space strip below must not touch: it is
