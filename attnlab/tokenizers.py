@@ -40,6 +40,8 @@ from typing import Any, Iterable, Sequence
 
 import tokenizers as tk
 
+from . import tokenizer_unigram as unigram
+
 __all__ = ["Tokenizer", "Encoding", "load_tokenizer", "build_wordpiece", "read_vocab", "build_byte_level_bpe",
            "read_gpt2_files", "build_char_tokenizer", "train_tokenizer"]
 
@@ -116,9 +118,11 @@ def _token_str(value: Any) -> str:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load from a model directory, a tokenizer.json file, or a vocab.txt file.
+    """Load from a model directory, a tokenizer.json file, a vocab.txt file, or a sentencepiece .model file.
 
-    A directory prefers tokenizer.json over vocab.txt. Settings (special tokens, do_lower_case,
+    A directory prefers tokenizer.json over vocab.txt over spiece.model / sentencepiece.bpe.model (T5,
+    ALBERT, XLNet, XLM-R: their specials from tokenizer_config.json's tokenizer_class or config.json's
+    model_type; anything else gets sentencepiece's ids unchanged). Settings (special tokens, do_lower_case,
     strip_accents, tokenize_chinese_chars, model_max_length) come from tokenizer_config.json /
     special_tokens_map.json next to the file, with BERT defaults otherwise.
     """
@@ -128,7 +132,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                                 f"tokenizer.json or vocab.txt, or the path of one of those files)")
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
-        found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
+        found = [path / name for name in ("tokenizer.json", "vocab.txt", *unigram.MODEL_FILES)
+                 if (path / name).is_file()]
         if not found and read_gpt2_files(path) is not None:  # GPT-2 files: encoder.json + vocab.bpe
             vocab, merges = read_gpt2_files(path)
             if all(t in vocab for t in ("<s>", "</s>", "<pad>", "<mask>")):  # RoBERTa / BART vocab.json
@@ -136,7 +141,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             return Tokenizer(build_byte_level_bpe(vocab, merges), specials=dict(GPT2_SPECIALS),
                              model_max_length=1024, name=str(path))
         if not found:
-            raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt "
+            raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt nor spiece.model "
                                     f"(nor GPT-2's encoder.json + vocab.bpe)")
         path = found[0]
     config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
@@ -146,6 +151,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         # model_max_length in tokenizer_config.json instead.
         max_length = _read_json(folder / "config.json").get("max_position_embeddings", DEFAULT_MAX_LENGTH)
 
+    if path.suffix == ".model":  # a sentencepiece model (T5, ALBERT, XLNet, XLM-R, or one of our own)
+        return _sentencepiece(path, config, folder)
     backend = tk.Tokenizer.from_file(str(path)) if path.suffix == ".json" else None
     wordpiece = backend is None or isinstance(backend.model, tk.models.WordPiece)
     specials = dict(BERT_SPECIALS) if wordpiece else {}  # BPE defaults will differ
@@ -162,6 +169,19 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                                   specials=specials, source=path)
     tok = Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(path))
     tok.chat_template = config.get("chat_template")  # a Jinja2 string for chat models (inference/chat.py)
+    return tok
+
+
+def _sentencepiece(path: Path, config: dict, folder: Path) -> Tokenizer:
+    """A sentencepiece Unigram `.model` with the specials of the family named by the files beside it."""
+    family = unigram.sentencepiece_family(path, config, _read_json(folder / "config.json").get("model_type"))
+    return _unigram_tokenizer(unigram.read_model(path), family, config, str(path))
+
+
+def _unigram_tokenizer(model: unigram.SentencePieceModel, family: str, config: dict, name: str) -> Tokenizer:
+    backend, specials, max_length = unigram.build_family(model, family, config)
+    tok = Tokenizer(backend, specials=specials, model_max_length=max_length, name=name)
+    tok.sentencepiece = model if family == "sentencepiece" else None  # save() writes it back as spiece.model
     return tok
 
 
@@ -277,7 +297,8 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
     [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4. kind="bpe": byte-level BPE like GPT-2 (every byte is in
     the alphabet, so nothing is ever unknown), special <|endoftext|>. kind="bart": the same byte-level BPE
     with BART/RoBERTa's specials <s> <pad> </s> <unk> = ids 0-3 and <mask> last. kind="char": one token
-    per character.
+    per character. kind="unigram": a SentencePiece Unigram model (<unk> <s> </s> <pad> = ids 0-3, "▁" marks
+    a word's start; `min_frequency` and `lowercase` do not apply); saving also writes spiece.model.
     Save the result with `.save(dir)`; `load_tokenizer(dir)` reads it back.
     """
     files = [str(f) for f in files]
@@ -285,6 +306,10 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
         return build_char_tokenizer(files)
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} must be positive")
+    if kind == "unigram":
+        model = unigram.train_unigram(files, vocab_size, specials=tuple(special_tokens or unigram.UNIGRAM_SPECIALS),
+                                      progress=progress)
+        return _unigram_tokenizer(model, "sentencepiece", {}, "unigram")
     if kind == "wordpiece":
         specials = list(special_tokens or ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])  # BERT's ids 0-4
         backend = build_wordpiece({t: i for i, t in enumerate(specials)}, lowercase=lowercase)
@@ -300,7 +325,7 @@ def train_tokenizer(kind: str, files: Sequence[str | Path], vocab_size: int, *, 
                                          initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                          show_progress=progress)
     else:
-        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe, bart or char")
+        raise ValueError(f"kind={kind!r}: expected wordpiece, bpe, bart, unigram or char")
     backend.train(files, trainer)
     if backend.get_vocab_size() <= len(specials):
         raise ValueError(f"no text to learn a vocabulary from in {', '.join(files)}")
@@ -358,6 +383,7 @@ class Tokenizer:
         self.model_max_length = model_max_length
         self.name = name
         self.chat_template: str | None = None
+        self.sentencepiece: unigram.SentencePieceModel | None = None  # a Unigram's pieces, for spiece.model
         # Truncation/padding are per call, so wipe whatever a tokenizer.json baked in (MiniLM's pads
         # everything to 128). The backend holds them as state, hence the lock around each call.
         backend.no_truncation()
@@ -515,6 +541,8 @@ class Tokenizer:
             (directory / "vocab.txt").write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
         if isinstance(self.backend.model, tk.models.BPE):  # vocab.json + merges.txt, as GPT-2 ships them
             self.backend.model.save(str(directory))
+        if self.sentencepiece is not None:  # the sentencepiece library (and T5Tokenizer & co.) read this one
+            unigram.write_model(self.sentencepiece, directory / "spiece.model")
         normalizer = spec.get("normalizer") or {}
         if normalizer.get("type") == "BertNormalizer":  # so a vocab.txt-only reload behaves the same
             config.update(do_lower_case=normalizer["lowercase"], strip_accents=normalizer["strip_accents"],

@@ -88,4 +88,4 @@ def test_cli_train_and_errors(tmp_path, small_text, capsys):
     assert main(["tokenizer", "train", "--kind", "bpe", "--output", str(tmp_path / "x"), str(empty)]) == 1
     assert "empty" in capsys.readouterr().err
     with pytest.raises(ValueError, match="kind"):
-        train_tokenizer("unigram", [small_text], 100)
+        train_tokenizer("wordlevel", [small_text], 100)

@@ -5,10 +5,13 @@
   bpe        GPT-2: byte-level BPE (never an unknown token), <|endoftext|>;
              writes tokenizer.json, vocab.json, merges.txt, tokenizer_config.json
   bart       BART / RoBERTa: the same byte-level BPE with <s> <pad> </s> <unk> = ids 0-3 and <mask> last
+  unigram    SentencePiece Unigram (Kudo 2018): "▁" marks a word's start; <unk> <s> </s> <pad> = ids 0-3;
+             writes tokenizer.json, spiece.model (sentencepiece loads it), tokenizer_config.json
   char       one token per character seen (nanoGPT's shakespeare_char); --vocab-size is ignored
 
 examples:
   attnlab tokenizer train --kind wordpiece --vocab-size 8000 --output runs/tok-wp ../shared/data/gutenberg/*.txt
+  attnlab tokenizer train --kind unigram --vocab-size 8000 --output runs/tok-spm ../shared/data/multi30k/train.*
   attnlab tokenizer train --kind char --output runs/tok-char ../shared/data/tiny_shakespeare/input.txt
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ import argparse
 from pathlib import Path
 
 NAME = "tokenizer"
-HELP = "train a WordPiece, byte-level BPE or character tokenizer on text files"
+HELP = "train a WordPiece, byte-level BPE, Unigram or character tokenizer on text files"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="learn a vocabulary from FILES", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("files", nargs="+", type=Path, metavar="FILES", help="UTF-8 text files")
-    t.add_argument("--kind", choices=("wordpiece", "bpe", "bart", "char"), required=True)
+    t.add_argument("--kind", choices=("wordpiece", "bpe", "bart", "unigram", "char"), required=True)
     t.add_argument("--vocab-size", type=int, default=30522, help="target vocabulary size (default 30522)")
     t.add_argument("--output", type=Path, required=True, help="directory to write the tokenizer files into")
     t.add_argument("--min-frequency", type=int, default=2, help="ignore pieces seen fewer times (default 2)")

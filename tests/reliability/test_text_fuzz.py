@@ -1,4 +1,4 @@
-"""Arbitrary Unicode in, no crash out: tokenizers (BERT WordPiece, GPT-2 byte-level BPE, characters) and the
+"""Arbitrary Unicode in, no crash out: tokenizers (BERT WordPiece, GPT-2 byte-level BPE, characters, Unigram) and the
 task readers (GLUE tsv, CoNLL, SQuAD json) under hypothesis with combining marks, emoji, right-to-left
 text, NUL and other controls, very long words and empty strings. Offsets always lie inside the text and
 cover the token's characters; byte-level BPE decodes back to the exact input; a malformed file is a
@@ -105,6 +105,24 @@ def test_char_tokenizer(chars, text):
             assert text[s:e] == token
     if all(c in known for c in text) and "[UNK]" not in text:
         assert chars.decode(chars.encode(text)) == text
+
+
+@pytest.fixture(scope="module")
+def unigram(tmp_path_factory, data_dir):
+    from attnlab.tokenizers import train_tokenizer
+    return train_tokenizer("unigram", [data_dir / "multi30k" / "val.de"], 400)
+
+
+@FUZZ
+@given(texts)
+def test_unigram_offsets_and_round_trip(unigram, text):
+    note(repr(text))
+    rows, _ = _offsets(unigram, text)
+    for token, i, s, e in rows:
+        assert 0 <= s <= e <= len(text)
+    known = {t for t in unigram.get_vocab() if len(t) == 1} - {"\u2581"}  # single characters, not "▁"
+    if all(c in known or c == " " for c in text):  # then only runs of spaces change: collapsed and trimmed
+        assert unigram.decode(unigram.encode(text)) == " ".join(w for w in text.split(" ") if w)
 
 
 @FUZZ
