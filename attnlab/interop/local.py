@@ -39,3 +39,20 @@ def resolve(name_or_path: str | Path) -> Path:
         return root / inner
     raise FileNotFoundError(f"{name_or_path}: no such file or directory (attnlab never downloads; known "
                             f"packaged names: {', '.join(sorted(k for k in PACKAGED if '/' in k))})")
+
+
+def sentence_pooling(name_or_path: str | Path) -> str | None:
+    """The pooling a sentence-transformers checkpoint was trained to be read with (its modules.json points at
+    a Pooling module whose config.json names the mode): "mean" or "cls"; None for a plain checkpoint, an
+    unreadable file, or another mode (max, mean-sqrt-len)."""
+    import json
+    path = resolve(name_or_path)
+    try:
+        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+        folder = next(m["path"] for m in modules if str(m.get("type", "")).endswith("Pooling"))
+        config = json.loads((path / folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+    modes = [mode for mode in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+             if config.get(f"pooling_mode_{mode}")]
+    return {("mean_tokens",): "mean", ("cls_token",): "cls"}.get(tuple(modes))
