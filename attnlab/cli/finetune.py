@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 NAME = "finetune"
 HELP = "fine-tune on a task (GLUE, CoNLL-2003, SQuAD); writes the model and metrics.json"
@@ -89,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue exactly from the newest checkpoint in --output (a run killed mid-way)")
     p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
                    help="under torchrun: replicate (ddp, default) or shard (fsdp) the model")
+    p.add_argument("--text-to-text", action="store_true",
+                   help="GLUE as T5 text-to-text: --model is a T5 preset (random weights, resized with --set) or "
+                        "checkpoint; it learns to write the label word, scored on greedy generations")
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
     t.add_argument("--tgt-lang", help="target language code, e.g. de")
@@ -120,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         return _translation(args)
     if not args.model:
         raise ValueError(f"finetune {args.task}: --model is required")
+    if args.text_to_text:
+        return _text_to_text(args)
     from ..tasks.finetune import finetune
     summary = finetune(args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
@@ -129,6 +135,24 @@ def run(args: argparse.Namespace) -> int:
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
                        setfit_steps=args.setfit_steps)
+    print(json.dumps(summary))
+    return 0
+
+
+def _text_to_text(args: argparse.Namespace) -> int:
+    from ..tasks.text_to_text import TextToTextError, finetune_text_to_text
+    try:
+        summary = finetune_text_to_text(
+            args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
+            overrides=_overrides(args.set), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size or 32,
+            max_length=args.max_length or 128, max_minutes=args.max_minutes, max_train_samples=args.max_train_samples,
+            max_eval_samples=args.max_eval_samples, seed=args.seed, vocab_size=args.vocab_size,
+            eval_every=args.eval_every, patience=args.patience, progress=args.progress)
+    except TextToTextError as err:  # a task or model text-to-text does not take: status 2, like a usage error
+        if args.debug:
+            raise
+        print(f"attnlab finetune: error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(summary))
     return 0
 
@@ -146,15 +170,7 @@ def _translation(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides = _overrides(args.set)
     summary = finetune_translation(args.train_src, args.train_tgt, args.valid_src, args.valid_tgt, args.output,
                                    src_lang=args.src_lang or "src", tgt_lang=args.tgt_lang or "tgt",
                                    model=args.model or "transformer-base", overrides=overrides,
@@ -166,3 +182,17 @@ def _translation(args: argparse.Namespace) -> int:
                                    save_every=args.save_every, resume=args.resume)
     print(json.dumps(summary))
     return 0
+
+
+def _overrides(items: list[str]) -> dict:
+    """--set KEY=VALUE pairs: JSON values, else the text."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides

@@ -164,6 +164,33 @@ def evaluate_examples(task: Task, model, tokenizer, examples: list[dict], max_le
     return task.score(examples, predictions), predictions
 
 
+def read_splits(task: Task, train_file=None, valid_file=None, holdout: int | None = None,
+                max_train_samples: int | None = None, max_eval_samples: int | None = None, seed: int = 42):
+    """(train path, training examples, validation examples, validation description, note for stderr): the
+    task's files or the given ones, a held-out part of training when there is no validation file (`holdout`
+    examples, default `holdout_size`), then the seeded subsets of at most `max_*_samples`."""
+    train_path, valid_path = resolve_files(task, train_file, valid_file)
+    train_ex = _read_many(task, train_path)
+    if valid_path is None:
+        n_file = len(train_ex)
+        n_held = holdout if holdout is not None else holdout_size(n_file, DEFAULT_HOLDOUT)
+        if n_held >= n_file:
+            raise DataError(f"{train_path}: {n_file} examples, too few to hold {n_held} out for "
+                            "validation; give a validation file (--valid)")
+        train_ex, valid_ex, valid_desc = validation_split(task, train_ex, n_held)
+        valid_note = f"{100 * len(valid_ex) / n_file:.0f}% held out of {train_path}: {valid_desc}"
+    else:
+        valid_ex, valid_desc = _read_many(task, valid_path), valid_path
+        valid_note = f"from {valid_path}"
+    if max_train_samples and max_train_samples < len(train_ex):
+        train_ex = holdout_split(train_ex, max_train_samples, seed)[1]
+    if max_eval_samples and max_eval_samples < len(valid_ex):
+        valid_ex = holdout_split(valid_ex, max_eval_samples, seed)[1]
+    if not train_ex:
+        raise DataError(f"{train_path}: no training examples")
+    return train_path, train_ex, valid_ex, valid_desc, valid_note
+
+
 def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_file=None, valid_file=None,
              epochs: float | None = None, lr: float | None = None, batch_size: int | None = None,
              max_length: int | None = None, seed: int = 42, warmup_ratio: float = 0.1,
@@ -233,26 +260,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     started = time.time()
     _seed_all(seed)
 
-    train_path, valid_path = resolve_files(task, train_file, valid_file)
-    train_ex = _read_many(task, train_path)
-    if valid_path is None:
-        n_file = len(train_ex)
-        n_held = holdout if holdout is not None else holdout_size(n_file, DEFAULT_HOLDOUT)
-        if n_held >= n_file:
-            raise DataError(f"{train_path}: {n_file} examples, too few to hold {n_held} out for "
-                            "validation; give a validation file (--valid)")
-        train_ex, valid_ex, valid_desc = validation_split(task, train_ex, n_held)
-        valid_note = f"{100 * len(valid_ex) / n_file:.0f}% held out of {train_path}: {valid_desc}"
-    else:
-        valid_ex, valid_desc = _read_many(task, valid_path), valid_path
-        valid_note = f"from {valid_path}"
-    if max_train_samples and max_train_samples < len(train_ex):
-        train_ex = holdout_split(train_ex, max_train_samples, seed)[1]
-    if max_eval_samples and max_eval_samples < len(valid_ex):
-        valid_ex = holdout_split(valid_ex, max_eval_samples, seed)[1]
-
-    if not train_ex:
-        raise DataError(f"{train_path}: no training examples")
+    train_path, train_ex, valid_ex, valid_desc, valid_note = read_splits(
+        task, train_file, valid_file, holdout, max_train_samples, max_eval_samples, seed)
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr, epochs_given=epochs_given,
                                               batch_given=batch_given, lr_given=lr_given)
     setfit_ok = (head_class(task).__name__ == "SequenceClassification" and not getattr(task, "regression", False)
