@@ -77,6 +77,11 @@ def test_tiny_t5_learns_to_write_the_label_word(tmp_path, capsys):
                                     epochs=25, lr=3e-3, batch_size=16, vocab_size=200, progress=False, seed=0)
     assert summary["eval_accuracy"] == 100.0 and summary["eval_unknown"] == 0, summary
     assert saved_format(out) == text_format("sst2")   # the mapping travels with the model
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["T5ForConditionalGeneration"]
+    # a saved checkpoint (Hugging Face's T5 layout) trains further with its own tokenizer
+    again = finetune_text_to_text("sst2", out, tmp_path / "again", train_file=train, valid_file=valid, epochs=1,
+                                  lr=1e-4, batch_size=16, progress=False, seed=0)
+    assert again["eval_accuracy"] == 100.0 and again["vocab_size"] == summary["vocab_size"]
     assert main(["evaluate", "sst2", "--model", str(out), "--data", str(valid)]) == 0
     scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert scored["accuracy"] == 100.0 and scored["unknown"] == 0 and scored["examples"] == 16
