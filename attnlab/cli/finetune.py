@@ -39,6 +39,17 @@ example:
   attnlab finetune mrpc --model minilm --output out/mrpc
   attnlab evaluate mrpc --model out/mrpc --data ../shared/data/glue/MRPC/dev.tsv
   torchrun --nproc_per_node=2 -m attnlab finetune sst2 --model minilm --output out/sst2 --parallel fsdp
+
+Text-to-text (T5 §2.4, appendix D; sst2 cola mrpc rte stsb): --text-to-text trains an encoder-decoder to
+WRITE the label ("sst2 sentence: ..." -> positive / negative, stsb -> the score rounded to 0.2, "3.8") with
+teacher-forced cross-entropy, and scores it on greedy generations mapped back to labels; a string naming no
+label counts as wrong and is reported (eval_unknown, eval_unknown_examples). --model is a T5 preset (random
+T5-initialised weights, resized with --set, a BPE of --vocab-size learned on the training text; lr 5e-4) or a
+T5 checkpoint with its tokenizer (lr 1e-4); epochs default to at least 300 steps, batches to 32. The mapping is
+saved in config.json (text_to_text), which evaluate and predict read.
+  attnlab finetune sst2 --text-to-text --model t5-small --set hidden_size=256 --set num_layers=4 \
+      --set num_heads=4 --set intermediate_size=1024 --max-train-samples 4000 --output out/t5-sst2
+  attnlab evaluate sst2 --model out/t5-sst2 --data held-out.tsv     # {"accuracy": ..., "unknown": ...}
 """
 from __future__ import annotations
 

@@ -166,9 +166,7 @@ def evaluate_examples(task: Task, model, tokenizer, examples: list[dict], max_le
 
 def read_splits(task: Task, train_file=None, valid_file=None, holdout: int | None = None,
                 max_train_samples: int | None = None, max_eval_samples: int | None = None, seed: int = 42):
-    """(train path, training examples, validation examples, validation description, note for stderr): the
-    task's files or the given ones, a held-out part of training when there is no validation file (`holdout`
-    examples, default `holdout_size`), then the seeded subsets of at most `max_*_samples`."""
+    """(train path, train, validation examples, their description, a stderr note); see `holdout_size`."""
     train_path, valid_path = resolve_files(task, train_file, valid_file)
     train_ex = _read_many(task, train_path)
     if valid_path is None:
@@ -180,12 +178,9 @@ def read_splits(task: Task, train_file=None, valid_file=None, holdout: int | Non
         train_ex, valid_ex, valid_desc = validation_split(task, train_ex, n_held)
         valid_note = f"{100 * len(valid_ex) / n_file:.0f}% held out of {train_path}: {valid_desc}"
     else:
-        valid_ex, valid_desc = _read_many(task, valid_path), valid_path
-        valid_note = f"from {valid_path}"
-    if max_train_samples and max_train_samples < len(train_ex):
-        train_ex = holdout_split(train_ex, max_train_samples, seed)[1]
-    if max_eval_samples and max_eval_samples < len(valid_ex):
-        valid_ex = holdout_split(valid_ex, max_eval_samples, seed)[1]
+        valid_ex, valid_desc, valid_note = _read_many(task, valid_path), valid_path, f"from {valid_path}"
+    subset = lambda ex, n: holdout_split(ex, n, seed)[1] if n and n < len(ex) else ex  # noqa: E731  (seeded)
+    train_ex, valid_ex = subset(train_ex, max_train_samples), subset(valid_ex, max_eval_samples)
     if not train_ex:
         raise DataError(f"{train_path}: no training examples")
     return train_path, train_ex, valid_ex, valid_desc, valid_note
@@ -204,10 +199,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              setfit_steps: int | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
-    (the summary, returned). Without a validation file the task's default is used, else `holdout`
-    training examples are set aside (seeded; default: the task's own size, 872 for SST-2, capped at 10% of
-    the file by `holdout_size`). Unset epochs / batch size follow `default_schedule` (more steps for small
-    data). The split and the schedule are printed to stderr.
+    (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
+    `default_schedule` (more steps for small data). The split and the schedule are printed to stderr.
 
     pooling: what a sequence classifier reads, "cls" (the pooled [CLS] vector, BERT §4.1) or "mean" (the
     masked mean of the last hidden states); None keeps the checkpoint's ("cls" for a Hugging Face BERT).
