@@ -249,6 +249,9 @@ def finetune_text_to_text(task: str, model: str | Path, output: str | Path, *, t
     def evaluate(model) -> dict:
         last.clear()
         last.update(score_strings(task, fmt, valid_ex, generate_strings(model, tok, valid_prompts, fmt, max_length)))
+        if last["unknown"]:  # printed as they happen; the best step's are kept in metrics.json
+            print(f"finetune {task} --text-to-text: {last['unknown']} of {len(valid_ex)} generated strings name no "
+                  f"label, e.g. {last['unknown_examples'][:3]}", file=sys.stderr, flush=True)
         return {k: v for k, v in last.items() if isinstance(v, (int, float))}
 
     def on_best(model, record: dict) -> None:
