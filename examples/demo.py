@@ -335,10 +335,24 @@ def xlnet_plm() -> None:
           "(a smoke run on 38 sentences: the loss falls, nothing of language is learnt)")
 
 
+def text_to_text() -> None:
+    section("19. T5 as text-to-text: a tiny T5 from random weights learns to WRITE the label word "
+            "('sst2 sentence: ...' -> positive / negative), scored on its greedy generations")
+    data = HERE / "data"
+    cli(["finetune", "sst2", "--text-to-text", "--model", "t5-small", "--set", "hidden_size=64", "--set",
+         "num_layers=2", "--set", "num_heads=2", "--set", "head_dim=32", "--set", "intermediate_size=128",
+         "--train", str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"),
+         "--epochs", "15", "--batch-size", "8", "--lr", "2e-3", "--vocab-size", "300",
+         "--output", str(OUT / "t5-sentiment"), "--no-progress"])
+    print("\nattnlab evaluate reads the label words saved in its config.json (unknown = strings naming no label):")
+    cli(["evaluate", "sst2", "--model", str(OUT / "t5-sentiment"), "--data", str(data / "sentiment-valid.tsv")])
+    print("(40 sentences teach a random T5 the answer format, not sentiment: see the README for SST-2 runs)")
+
+
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
             finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
             denoise_bart, long_attention, claims_as_experiments, prompting_reasoning, retrieval,
-            distill_narrow_student, deberta_rtd, xlnet_plm]
+            distill_narrow_student, deberta_rtd, xlnet_plm, text_to_text]
 
 
 def main() -> int:

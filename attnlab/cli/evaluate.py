@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.data:
         raise ValueError(f"evaluate {args.task}: --data is required")
+    from ..tasks.text_to_text import evaluate_text_to_text, saved_format
+    if saved_format(args.model):  # trained by finetune --text-to-text: scored on its generated label words
+        print(json.dumps(evaluate_text_to_text(args.task, args.model, args.data, max_length=args.max_length or 128,
+                                               batch_size=args.batch_size or 64)))
+        return 0
     from ..tasks.finetune import evaluate
     print(json.dumps(evaluate(args.task, args.model, args.data, max_length=args.max_length,
                               batch_size=args.batch_size or 64)))

@@ -42,11 +42,23 @@ example:
   attnlab finetune mrpc --model minilm --output out/mrpc
   attnlab evaluate mrpc --model out/mrpc --data ../shared/data/glue/MRPC/dev.tsv
   torchrun --nproc_per_node=2 -m attnlab finetune sst2 --model minilm --output out/sst2 --parallel fsdp
+
+Text-to-text (T5 §2.4, appendix D; sst2 cola mrpc rte stsb): --text-to-text trains an encoder-decoder to
+WRITE the label ("sst2 sentence: ..." -> positive / negative, stsb -> the score rounded to 0.2, "3.8") with
+teacher-forced cross-entropy, and scores it on greedy generations mapped back to labels; a string naming no
+label counts as wrong and is reported (eval_unknown, eval_unknown_examples). --model is a T5 preset (random
+T5-initialised weights, resized with --set, a BPE of --vocab-size learned on the training text; lr 5e-4) or a
+T5 checkpoint with its tokenizer (lr 1e-4); epochs default to at least 300 steps, batches to 32. The mapping is
+saved in config.json (text_to_text), which evaluate and predict read.
+  attnlab finetune sst2 --text-to-text --model t5-small --set hidden_size=256 --set num_layers=4 \
+      --set num_heads=4 --set intermediate_size=1024 --max-train-samples 4000 --output out/t5-sst2
+  attnlab evaluate sst2 --model out/t5-sst2 --data held-out.tsv     # {"accuracy": ..., "unknown": ...}
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 NAME = "finetune"
 HELP = "fine-tune on a task (GLUE, CoNLL-2003, SQuAD); writes the model and metrics.json"
@@ -98,6 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="continue exactly from the newest checkpoint in --output (a run killed mid-way)")
     p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
                    help="under torchrun: replicate (ddp, default) or shard (fsdp) the model")
+    p.add_argument("--text-to-text", action="store_true",
+                   help="GLUE as T5 text-to-text: --model is a T5 preset (random weights, resized with --set) or "
+                        "checkpoint; it learns to write the label word, scored on greedy generations")
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
     t.add_argument("--tgt-lang", help="target language code, e.g. de")
@@ -129,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
         return _translation(args)
     if not args.model:
         raise ValueError(f"finetune {args.task}: --model is required")
+    if args.text_to_text:
+        return _text_to_text(args)
     from ..tasks.finetune import finetune
     summary = finetune(args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
@@ -138,6 +155,24 @@ def run(args: argparse.Namespace) -> int:
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
                        setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile)
+    print(json.dumps(summary))
+    return 0
+
+
+def _text_to_text(args: argparse.Namespace) -> int:
+    from ..tasks.text_to_text import TextToTextError, finetune_text_to_text
+    try:
+        summary = finetune_text_to_text(
+            args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
+            overrides=_overrides(args.set), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size or 32,
+            max_length=args.max_length or 128, max_minutes=args.max_minutes, max_train_samples=args.max_train_samples,
+            max_eval_samples=args.max_eval_samples, seed=args.seed, vocab_size=args.vocab_size,
+            eval_every=args.eval_every, patience=args.patience, progress=args.progress)
+    except TextToTextError as err:  # a task or model text-to-text does not take: status 2, like a usage error
+        if args.debug:
+            raise
+        print(f"attnlab finetune: error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(summary))
     return 0
 
@@ -155,15 +190,7 @@ def _translation(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides = _overrides(args.set)
     summary = finetune_translation(args.train_src, args.train_tgt, args.valid_src, args.valid_tgt, args.output,
                                    src_lang=args.src_lang or "src", tgt_lang=args.tgt_lang or "tgt",
                                    model=args.model or "transformer-base", overrides=overrides,
@@ -175,3 +202,17 @@ def _translation(args: argparse.Namespace) -> int:
                                    save_every=args.save_every, resume=args.resume)
     print(json.dumps(summary))
     return 0
+
+
+def _overrides(items: list[str]) -> dict:
+    """--set KEY=VALUE pairs: JSON values, else the text."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..tasks.finetune import predict
+    from ..tasks.text_to_text import predict_text_to_text, saved_format
+    if saved_format(args.model):  # trained by finetune --text-to-text: the label its generated string names
+        predict = predict_text_to_text  # noqa: F811
     n = predict(args.task, args.model, args.input, args.output, max_length=args.max_length,
                 batch_size=args.batch_size)
     print(f"wrote {n} predictions to {args.output}")

@@ -168,6 +168,30 @@ def evaluate_examples(task: Task, model, tokenizer, examples: list[dict], max_le
     return task.score(examples, predictions), predictions
 
 
+def read_splits(task: Task, train_file=None, valid_file=None, holdout: int | None = None,
+                max_train_samples: int | None = None, max_eval_samples: int | None = None, seed: int = 42):
+    """(train path, train, validation examples, their description, a stderr note); see `holdout_size`."""
+    train_path, valid_path = resolve_files(task, train_file, valid_file)
+    train_ex = _read_many(task, train_path)
+    if valid_path is None and holdout == 0:  # nothing held out (the few-label rule; the caller says why)
+        valid_ex, valid_desc, valid_note = [], None, "nothing held out"
+    elif valid_path is None:
+        n_file = len(train_ex)
+        n_held = holdout if holdout is not None else holdout_size(n_file, DEFAULT_HOLDOUT)
+        if n_held >= n_file:
+            raise DataError(f"{train_path}: {n_file} examples, too few to hold {n_held} out for "
+                            "validation; give a validation file (--valid)")
+        train_ex, valid_ex, valid_desc = validation_split(task, train_ex, n_held)
+        valid_note = f"{100 * len(valid_ex) / n_file:.0f}% held out of {train_path}: {valid_desc}"
+    else:
+        valid_ex, valid_desc, valid_note = _read_many(task, valid_path), valid_path, f"from {valid_path}"
+    subset = lambda ex, n: holdout_split(ex, n, seed)[1] if n and n < len(ex) else ex  # noqa: E731  (seeded)
+    train_ex, valid_ex = subset(train_ex, max_train_samples), subset(valid_ex, max_eval_samples)
+    if not train_ex:
+        raise DataError(f"{train_path}: no training examples")
+    return train_path, train_ex, valid_ex, valid_desc, valid_note
+
+
 def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_file=None, valid_file=None,
              epochs: float | None = None, lr: float | None = None, batch_size: int | None = None,
              max_length: int | None = None, seed: int = 42, warmup_ratio: float = 0.1,
@@ -181,10 +205,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
-    (the summary, returned). Without a validation file the task's default is used, else `holdout`
-    training examples are set aside (seeded; default: the task's own size, 872 for SST-2, capped at 10% of
-    the file by `holdout_size`). Unset epochs / batch size follow `default_schedule` (more steps for small
-    data). The split and the schedule are printed to stderr.
+    (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
+    `default_schedule` (more steps for small data). The split and the schedule are printed to stderr.
 
     pooling: what a sequence classifier reads, "cls" (the pooled [CLS] vector, BERT §4.1) or "mean" (the
     masked mean of the last hidden states); None keeps the checkpoint's ("cls" for a Hugging Face BERT).
@@ -240,44 +262,29 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     started = time.time()
     _seed_all(seed)
 
-    train_path, valid_path = resolve_files(task, train_file, valid_file)
-    train_ex = _read_many(task, train_path)
     setfit_ok = (head_class(task).__name__ == "SequenceClassification" and not getattr(task, "regression", False)
                  and len(getattr(task, "columns", (0,))) == 1 and student_layers is None and not lora
                  and not from_scratch)
     # The few-label rule: below SETFIT_BELOW examples, SetFit's own recipe (contrastive stage + probe-fitted
-    # head, no fine-tuning after): nothing is selected on validation, so every labeled example trains.
+    # head, no fine-tuning after) on a sentence-transformers checkpoint: nothing is selected on validation,
+    # so nothing is held out and every labeled example trains.
     from ..interop.local import sentence_pooling
-    st_pooling = sentence_pooling(model)  # a sentence-transformers checkpoint: SetFit's ground, its pooling
-    rule_steps, setfit_why = default_setfit_steps(
-        len(train_ex), setfit_ok and st_pooling is not None and setfit_steps is None and not epochs_given
-        and valid_path is None and holdout is None and not resume)
-    setfit_rule = setfit_steps is None and rule_steps > 0
+    st_pooling = sentence_pooling(model)  # SetFit's ground, and the pooling the checkpoint was trained for
+    eligible = (setfit_ok and st_pooling is not None and setfit_steps is None and not epochs_given
+                and valid_file is None and holdout is None and not resume)
+    splits = read_splits(task, train_file, valid_file, 0 if eligible else holdout, max_train_samples,
+                         max_eval_samples, seed)
+    rule_steps, setfit_why = default_setfit_steps(len(splits[1]), eligible)
+    if eligible and not rule_steps:  # past the threshold: the usual hold-out
+        splits = read_splits(task, train_file, valid_file, holdout, max_train_samples, max_eval_samples, seed)
+    train_path, train_ex, valid_ex, valid_desc, valid_note = splits
+    setfit_rule = rule_steps > 0
     if setfit_rule:
-        setfit_steps, setfit_pairs, epochs, holdout = rule_steps, "all", 0, 0
+        setfit_steps, setfit_pairs, epochs = rule_steps, "all", 0
         setfit_why += " (the default rule)"
-    if valid_path is None and holdout == 0:
-        valid_ex, valid_desc = [], None
-        valid_note = ("SetFit's head-only recipe selects no checkpoint, so every labeled example trains; give "
-                      "--valid to score the model" if setfit_rule else "holdout 0")
-    elif valid_path is None:
-        n_file = len(train_ex)
-        n_held = holdout if holdout is not None else holdout_size(n_file, DEFAULT_HOLDOUT)
-        if n_held >= n_file:
-            raise DataError(f"{train_path}: {n_file} examples, too few to hold {n_held} out for "
-                            "validation; give a validation file (--valid)")
-        train_ex, valid_ex, valid_desc = validation_split(task, train_ex, n_held)
-        valid_note = f"{100 * len(valid_ex) / n_file:.0f}% held out of {train_path}: {valid_desc}"
-    else:
-        valid_ex, valid_desc = _read_many(task, valid_path), valid_path
-        valid_note = f"from {valid_path}"
-    if max_train_samples and max_train_samples < len(train_ex):
-        train_ex = holdout_split(train_ex, max_train_samples, seed)[1]
-    if max_eval_samples and max_eval_samples < len(valid_ex):
-        valid_ex = holdout_split(valid_ex, max_eval_samples, seed)[1]
-
-    if not train_ex:
-        raise DataError(f"{train_path}: no training examples")
+        if not valid_ex:
+            valid_note = ("SetFit's head-only recipe selects no checkpoint, so every labeled example trains; "
+                          "give --valid to score the model")
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr,
                                               epochs_given=epochs_given or setfit_rule, batch_given=batch_given,
                                               lr_given=lr_given)
