@@ -13,7 +13,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.heads import SequenceClassification
-from attnlab.tasks.finetune import SETFIT_BELOW, SETFIT_STEPS, default_setfit_steps
+from attnlab.tasks.defaults import SETFIT_BELOW, SETFIT_STEPS, default_setfit_steps
 from attnlab.tasks.setfit import _all_pair_loss, _pair_cosines, all_pair_batches, contrastive_stage, pair_loss, sample_pairs
 
 

@@ -153,7 +153,7 @@ def test_a_small_training_file_gives_at_most_10_percent_to_validation_and_says_s
 
 
 def test_the_issue_sized_file_keeps_90_percent_for_training():
-    from attnlab.tasks.finetune import holdout_size
+    from attnlab.tasks.defaults import holdout_size
     assert holdout_size(2000, 872) == 200         # was 872: 44% of the user's data
     assert holdout_size(8000, 872) == 800
     assert holdout_size(8720, 872) == 872         # SST-2's own size once it is at most 10%
@@ -162,7 +162,7 @@ def test_the_issue_sized_file_keeps_90_percent_for_training():
 
 
 def test_the_default_schedule_gives_small_data_more_steps():
-    from attnlab.tasks.finetune import MIN_STEPS, default_schedule
+    from attnlab.tasks.defaults import MIN_STEPS, default_schedule
 
     def steps(n, epochs=1, batch=32, lr=5e-5, **given):
         e, b, l = default_schedule(n, epochs, batch, lr, **given)

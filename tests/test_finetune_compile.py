@@ -10,7 +10,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.tasks.common import collate
-from attnlab.tasks.finetune import COMPILE_PAD
+from attnlab.tasks.defaults import COMPILE_PAD
 
 
 def test_collate_rounds_the_width_up_to_the_multiple_and_pads_as_before():

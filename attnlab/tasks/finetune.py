@@ -23,6 +23,7 @@ import torch
 from ..config import CLASSIFIER_POOLINGS
 from .base import Task, data_root, get_task, labels_of
 from .common import DataError, EpochBatches, collate, length_batches
+from .defaults import COMPILE_PAD, DEFAULT_HOLDOUT, default_schedule, default_setfit_steps, holdout_size
 
 
 def _seed_all(seed: int) -> None:
@@ -76,72 +77,6 @@ def validation_split(task: Task, examples: list, n_holdout: int, seed: int = 0) 
                              f"{len(examples) - len(train) - len(held)} of their phrases removed from training)")
     train, held = holdout_split(examples, n_holdout, seed)
     return train, held, f"{len(held)} examples held out of the training file (seed {seed})"
-
-
-# At most this share of a training file is carved out for validation when no validation file is given:
-# SST-2's fixed 872 sentences took 44% of a 2,000-line file and left too little to learn from (issue #21).
-MAX_HOLDOUT_SHARE = 0.10
-DEFAULT_HOLDOUT = 872   # the size of SST-2's real dev set, for a large file without a validation file
-# The size-adaptive default: a small training set still gets at least MIN_STEPS optimizer steps (more
-# epochs, up to MAX_EPOCHS) in batches of SMALL_BATCH (below TINY_DATA at a peak lr of at least SMALL_LR).
-# 32 steps at lr 5e-5 left MiniLM at chance on SST-2 from 1,000 examples; see experiments/fewlabel/
-# and the README's fine-tuning section for the measurements.
-MIN_STEPS = 300
-MAX_EPOCHS = 30
-SMALL_DATA = 2000   # fewer training examples than this train in batches of SMALL_BATCH
-SMALL_BATCH = 16
-# fewer training examples than TINY_DATA get a peak lr of at least SMALL_LR. Measured on SST-2 (300-342
-# steps): 225 examples 79.8% / 77.2% at 1e-4 vs 76.4% / 63.1% at 5e-5 (two draws); 900 examples 83.1%
-# at 1e-4 vs 85.0% at 5e-5 (one draw).
-TINY_DATA = 500
-SMALL_LR = 1e-4
-# Fewer training examples than SETFIT_BELOW (single-sentence classification on a sentence-transformers
-# checkpoint, nothing chosen by hand) get SetFit's own recipe: SETFIT_STEPS steps of contrastive pairs
-# (tasks/setfit.py, every pair within a batch), mean pooling, a probe-fitted head, no fine-tuning after and
-# no hold-out (nothing is selected). SST-2, 250 sentences: 82.x% / 81.4% (draws 0 / 1) against the plain
-# fine-tune's 79.8% / 77.2%; with 25 held out it was 82.6% / 78.2%, at 300 steps on all 250 82.7% / 79.8%
-# (experiments/fewlabel/RESULTS.md). At 1,000 the plain fine-tune is the one measured best (85.0%).
-SETFIT_BELOW = 500
-# --compile pads every batch to a multiple of this many tokens: SST-2's lengths then give ~4 shapes to compile
-COMPILE_PAD = 32
-SETFIT_STEPS = 600
-
-
-def holdout_size(n_examples: int, preferred: int) -> int:
-    """How many of `n_examples` training examples to hold out for validation: the task's `preferred` size
-    (SST-2: 872, the size of its real dev set) when that is at most 10% of the file, else 10% (at least 1)."""
-    cap = max(1, int(n_examples * MAX_HOLDOUT_SHARE))
-    return min(preferred, cap)
-
-
-def default_schedule(n_train: int, epochs: float, batch_size: int, lr: float, *, epochs_given: bool = False,
-                     batch_given: bool = False, lr_given: bool = False) -> tuple[float, int, float]:
-    """(epochs, batch_size, lr) for `n_train` training examples, starting from the task's defaults; what
-    the caller set explicitly is kept. Small data gets batches of SMALL_BATCH (tiny data a peak learning
-    rate of at least SMALL_LR) and enough epochs for MIN_STEPS optimizer steps (at most MAX_EPOCHS): the step count,
-    not the epoch count, is what moves the model."""
-    small = n_train < SMALL_DATA
-    if not batch_given and small:
-        batch_size = min(batch_size, SMALL_BATCH)
-    if not lr_given and n_train < TINY_DATA:
-        lr = max(lr, SMALL_LR)
-    if not epochs_given:
-        steps_per_epoch = max(1, math.ceil(n_train / batch_size))
-        epochs = max(epochs, min(MAX_EPOCHS, math.ceil(MIN_STEPS / steps_per_epoch)))
-    return epochs, batch_size, lr
-
-
-def default_setfit_steps(n_train: int, applies: bool, below: int = SETFIT_BELOW) -> tuple[int, str]:
-    """(SetFit contrastive steps, why) for `n_train` training examples: SETFIT_STEPS below `below` examples
-    (0: never, the shipped default); `applies`: a (non-regression) single-sentence classification fine-tune
-    of pretrained weights (SetFit's ground, the case measured)."""
-    if not applies:
-        return 0, "it applies to fine-tuning pretrained weights on single-sentence classification"
-    if not below:
-        return 0, "off by default (measured no better on SST-2 at 225 examples)"
-    if n_train < below:
-        return SETFIT_STEPS, f"{n_train} training examples < {below}"
-    return 0, f"{n_train} training examples >= {below}"
 
 
 def _read_many(task: Task, spec: str | Path) -> list[dict]:
