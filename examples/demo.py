@@ -87,7 +87,8 @@ def pretrain_char_gpt() -> None:
 
 
 def finetune_sentiment() -> None:
-    section("6. fine-tuning: a [CLS] classifier on all-MiniLM-L6-v2, then evaluate and predict")
+    section("6. fine-tuning: a classifier on all-MiniLM-L6-v2 (mean pooling, as its 1_Pooling says), then evaluate "
+            "and predict")
     data = HERE / "data"  # 40 + 10 sentences written for this demo (the real GLUE runs read ATTNLAB_DATA)
     cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment"), "--train",
          str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
