@@ -92,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
     t.add_argument("--tgt-lang", help="target language code, e.g. de")
+    t.add_argument("--directions", metavar="SRC-TGT[,...]",
+                   help="train ONE multilingual model on these directions between --src-lang and --tgt-lang, e.g. "
+                        "en-de,de-en (M2M-100 style: a __de__ token starts the target; translate --target-lang de)")
     for name in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
         t.add_argument(f"--{name}", help="parallel text file, one sentence per line")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -163,6 +166,6 @@ def _translation(args: argparse.Namespace) -> int:
                                    max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
                                    eval_every=args.eval_every, eval_beams=args.eval_beams, seed=args.seed,
                                    max_eval_sentences=args.max_eval_samples, progress=args.progress,
-                                   save_every=args.save_every, resume=args.resume)
+                                   save_every=args.save_every, resume=args.resume, directions=args.directions)
     print(json.dumps(summary))
     return 0
