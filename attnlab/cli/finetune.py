@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 NAME = "finetune"
 HELP = "fine-tune on a task (GLUE, CoNLL-2003, SQuAD); writes the model and metrics.json"
@@ -149,6 +150,13 @@ def _translation(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")
+    if args.directions:  # a bad direction is a usage error: one line, status 2, before any work
+        from ..tasks.translation import parse_directions
+        try:
+            parse_directions(args.directions, args.src_lang or "src", args.tgt_lang or "tgt")
+        except ValueError as err:
+            print(f"attnlab finetune: error: {err}", file=sys.stderr)
+            return 2
     overrides = {}
     for item in args.set:
         key, sep, value = item.partition("=")
