@@ -71,3 +71,26 @@ def check_seq2seq_attentions(hf, ours, ids: torch.Tensor, mask: torch.Tensor, de
         assert a.shape == (ids.size(0), heads, dec.size(1), ids.size(1)) and (a - b).abs().max() <= 1e-5
     for a, b in zip(mine.attentions, theirs.decoder_attentions):
         assert (a - b).abs().max() <= 1e-5
+
+
+def check_seq2seq_parity(hf, ours, tmp_path, ids: torch.Tensor, mask: torch.Tensor, dec: torch.Tensor,
+                         labels: torch.Tensor | None = None, field: str = "logits"):
+    """An encoder-decoder equals transformers' `hf` on `field` (logits, or last_hidden_state of a bare
+    model), on the encoder's real tokens and on the loss of `labels`; attnlab's save loads in transformers'
+    class with the same `field`. Returns (our output, the reloaded transformers model)."""
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+        assert (getattr(theirs, field) - getattr(mine, field)).abs().max() <= 1e-5
+        real = mask.bool()  # the unpadded encoder leaves padded positions at zero; compare real tokens
+        assert (theirs.encoder_last_hidden_state[real] - mine.encoder_last_hidden_state[real]).abs().max() <= 1e-5
+        if labels is not None:
+            loss_t = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss_m = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
+            assert abs(loss_t.item() - loss_m.item()) <= 1e-5
+    ours.save(tmp_path / "ours")
+    back = type(hf).from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        again = getattr(back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec), field)
+    assert (again - getattr(mine, field)).abs().max() <= 1e-5
+    return mine, back

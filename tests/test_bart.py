@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnlab
-from _families import check_seq2seq_attentions
+from _families import check_seq2seq_attentions, check_seq2seq_parity
 from attnlab.config import ConfigError, preset
 from attnlab.inference.seq2seq import generate
 from attnlab.models.seq2seq import Seq2SeqLM
@@ -58,23 +58,10 @@ def test_bart_logits_load_and_save(tmp_path, scale, act, dec_layers):
     ids, mask, dec = _batch()
     labels = dec.clone()
     labels[2, 5:] = -100
-    with torch.no_grad():
-        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
-        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
-        assert mine.logits.std() > 1.0  # not a degenerate comparison
-        assert (theirs.logits - mine.logits).abs().max() <= 1e-5
-        real = mask.bool()
-        assert (theirs.encoder_last_hidden_state[real] - mine.encoder_last_hidden_state[real]).abs().max() <= 1e-5
-        # labels -> decoder inputs shifted right from decoder_start_token_id = </s> = 2, as HF's shift_tokens_right
-        loss_t = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss_m = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
-        assert abs(loss_t.item() - loss_m.item()) <= 1e-5
-    ours.save(tmp_path / "ours")
-    back = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+    # labels -> decoder inputs shifted right from decoder_start_token_id = </s> = 2, as HF's shift_tokens_right
+    mine, back = check_seq2seq_parity(hf, ours, tmp_path, ids, mask, dec, labels)
+    assert mine.logits.std() > 1.0  # not a degenerate comparison
     assert back.config.max_position_embeddings == 40 and back.config.decoder_layers == dec_layers
-    with torch.no_grad():
-        again = back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-    assert (again - mine.logits).abs().max() <= 1e-5
     assert torch.equal(back.final_logits_bias, hf.final_logits_bias)
 
 

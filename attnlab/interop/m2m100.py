@@ -17,24 +17,15 @@ Layerdrop and activation dropout (training only) are kept in `extra` for the rou
 from __future__ import annotations
 
 from ..config import ConfigError, ModelConfig
-from .bart import _stack
-from .registry import HF_ACTIVATIONS, Family, Row, config_from_mapping, hf_activation, register
+from .bart import BART_CONSUMED, BART_RENAMES, bart_stack_rows, check_stacks_agree, stacks_to_hf
+from .registry import Family, Row, config_from_mapping, hf_activation, register
 
 POSITION_OFFSET = 2  # fairseq: positions count from padding_idx + 1, and M2M-100's padding_idx is 1
-_RENAMES = {
-    "vocab_size": "vocab_size", "d_model": "hidden_size", "encoder_layers": "num_layers",
-    "encoder_attention_heads": "num_heads", "encoder_ffn_dim": "intermediate_size", "dropout": "dropout",
-    "attention_dropout": "attention_dropout", "init_std": "initializer_range", "pad_token_id": "pad_token_id",
-    "bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
-}
 OURS_ONLY = ("position_offset", "sinusoid_fairseq", "num_decoder_layers", "pad_aware_positions")
 
 
 def m2m100_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
-    for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
-        if theirs in hf and ours in hf and hf[theirs] != hf[ours]:
-            raise ConfigError(f"{source}: {theirs}={hf[theirs]} differs from {ours}={hf[ours]}; attnlab's one "
-                              "config describes both stacks, so they must be equal")
+    check_stacks_agree(hf, source)
     pad = hf.get("pad_token_id", 1)
     if pad != POSITION_OFFSET - 1:  # fairseq counts positions from padding_idx + 1; the table assumes 2
         raise ConfigError(f"{source}: pad_token_id={pad} is not supported for m2m_100 (positions start at "
@@ -45,10 +36,7 @@ def m2m100_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
                  scale_embeddings=bool(hf.get("scale_embedding", True)), pad_token_id=pad,
                  max_position_embeddings=int(hf.get("max_position_embeddings") or 1024) + POSITION_OFFSET,
                  tie_word_embeddings=hf.get("tie_word_embeddings", True) is not False)
-    cfg = config_from_mapping(hf, source, _RENAMES, fixed,
-                              {"activation_function", "scale_embedding", "max_position_embeddings",
-                               "tie_word_embeddings", "decoder_attention_heads", "decoder_ffn_dim",
-                               "decoder_layers", "num_hidden_layers", "num_attention_heads", "hidden_size"})
+    cfg = config_from_mapping(hf, source, BART_RENAMES, fixed, BART_CONSUMED)
     cfg.extra.update(num_decoder_layers=int(hf.get("decoder_layers") or cfg.num_layers),
                      decoder_start_token_id=hf.get("decoder_start_token_id", 2), position_offset=POSITION_OFFSET,
                      sinusoid_fairseq=True)
@@ -56,9 +44,6 @@ def m2m100_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
 
 
 def m2m100_config_to_hf(cfg: ModelConfig) -> dict:
-    act = {v: k for k, v in reversed(HF_ACTIVATIONS.items())}.get(cfg.activation)
-    if act is None:
-        raise ConfigError(f"config: activation={cfg.activation!r} has no M2M-100 equivalent")
     # switches M2M-100 checkpoints cannot hold and that check_expressible's signature does not compare
     if (cfg.extra.get("position_offset") != POSITION_OFFSET or not cfg.extra.get("sinusoid_fairseq")
             or not cfg.extra.get("pad_aware_positions", True) or cfg.pad_token_id != POSITION_OFFSET - 1):
@@ -66,15 +51,7 @@ def m2m100_config_to_hf(cfg: ModelConfig) -> dict:
                           "extra.position_offset=2, pad_token_id=1)")
     if not cfg.extra.get("share_embeddings", True) or cfg.extra.get("final_logits_bias"):
         raise ConfigError("config: M2M-100 checkpoints share one embedding and have no final_logits_bias")
-    out = {k: v for k, v in cfg.extra.items() if k not in OURS_ONLY}
-    out.update({theirs: getattr(cfg, ours) for theirs, ours in _RENAMES.items()})
-    out.update(model_type="m2m_100", activation_function=act, scale_embedding=cfg.scale_embeddings,
-               max_position_embeddings=cfg.max_position_embeddings - POSITION_OFFSET,
-               decoder_layers=int(cfg.extra.get("num_decoder_layers") or cfg.num_layers),
-               decoder_attention_heads=cfg.num_heads, decoder_ffn_dim=cfg.intermediate_size,
-               decoder_start_token_id=cfg.extra.get("decoder_start_token_id", 2), is_encoder_decoder=True,
-               tie_word_embeddings=cfg.tie_word_embeddings)
-    return out
+    return stacks_to_hf(cfg, "m2m_100", POSITION_OFFSET, OURS_ONLY)
 
 
 def _rows(prefix: str) -> list[Row]:
@@ -83,7 +60,7 @@ def _rows(prefix: str) -> list[Row]:
     return [(("encoder.embeddings.tok", f"{prefix}shared")),
             ("encoder.embeddings.tok", f"{prefix}encoder.embed_tokens"),
             ("decoder.embeddings.tok", f"{prefix}decoder.embed_tokens"),
-            *_stack("encoder", f"{prefix}encoder", cross=False), *_stack("decoder", f"{prefix}decoder", cross=True),
+            *bart_stack_rows("encoder", f"{prefix}encoder", cross=False), *bart_stack_rows("decoder", f"{prefix}decoder", cross=True),
             ("encoder.final_norm", f"{prefix}encoder.layer_norm"), ("decoder.final_norm", f"{prefix}decoder.layer_norm")]
 
 
