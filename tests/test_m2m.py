@@ -130,7 +130,7 @@ def test_m2m100_418M_preset_has_transformers_parameter_count(capsys):
 
 
 # ----------------------------------------------------------------------------------- multilingual training
-def test_directions_train_one_model_steered_by_the_language_token(tmp_path):
+def test_directions_train_one_model_steered_by_the_language_token(tmp_path, capsys):
     """A tiny two-way model on a toy language pair (German = the English words upper-cased): the target
     language token alone decides the case of what the one decoder writes for the same source."""
     from attnlab.tasks.translation import finetune_translation, load_translator, translate
@@ -158,11 +158,25 @@ def test_directions_train_one_model_steered_by_the_language_token(tmp_path):
         translate(model, tok, src)
     with pytest.raises(ValueError, match="'fr' is not one of the model's languages"):
         translate(model, tok, src, tgt_lang="fr")
+    # the CLI: translate / evaluate per direction; a missing or unknown language is one line, status 2
+    from attnlab.cli import main
+    m, hyp = str(tmp_path / "m"), str(tmp_path / "hyp.en")
+    assert main(["translate", m, "--input", str(f["de"]), "--output", hyp, "--target-lang", "en",
+                 "--num-beams", "2"]) == 0
+    assert (tmp_path / "hyp.en").read_text() == (tmp_path / "hyp.en").read_text().lower()
+    capsys.readouterr()
+    assert main(["evaluate", "translation", "--model", m, "--source", str(f["de"]), "--reference", str(f["en"]),
+                 "--target-lang", "en", "--num-beams", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["direction"] == "de-en"
+    for argv in ([], ["--target-lang", "fr"]):
+        assert main(["translate", m, "--input", str(f["de"]), "--output", hyp, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and ("name the target language" in err or "'fr'" in err), err
 
 
 @pytest.mark.parametrize("directions,message", [
     ("en-fr", "'en-fr': expected SRC-TGT"), ("en-en", "'en-en': expected"), ("ende", "'ende': expected"),
-    ("en-de,en-de", "'en-de': listed twice")])
+    ("en-de,en-de", "'en-de': listed twice"), ("de-de", "'de-de': expected")])
 def test_bad_directions_give_one_clear_line(tmp_path, capsys, directions, message):
     from attnlab.cli import main
     from attnlab.tasks.translation import parse_directions

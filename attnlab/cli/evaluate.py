@@ -52,10 +52,14 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "translation":  # sacreBLEU on detokenized output
         if not args.source or not args.reference:
             raise ValueError("evaluate translation: --source and --reference are required")
-        from ..tasks.translation import evaluate_translation
-        print(json.dumps(evaluate_translation(args.model, args.source, args.reference, num_beams=args.num_beams,
-                                              max_length=args.max_length or 256, src_lang=args.source_lang,
-                                              tgt_lang=args.target_lang)))
+        from ..tasks.translation import LanguageError, evaluate_translation
+        try:
+            print(json.dumps(evaluate_translation(args.model, args.source, args.reference, num_beams=args.num_beams,
+                                                  max_length=args.max_length or 256, src_lang=args.source_lang,
+                                                  tgt_lang=args.target_lang)))
+        except LanguageError as err:  # a usage error: one line, status 2
+            print(f"attnlab evaluate: error: {err}", file=sys.stderr)
+            return 2
         return 0
     if not args.data:
         raise ValueError(f"evaluate {args.task}: --data is required")

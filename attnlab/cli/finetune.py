@@ -151,10 +151,10 @@ def _translation(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")
     if args.directions:  # a bad direction is a usage error: one line, status 2, before any work
-        from ..tasks.translation import parse_directions
+        from ..tasks.translation import LanguageError, parse_directions
         try:
-            parse_directions(args.directions, args.src_lang or "src", args.tgt_lang or "tgt")
-        except ValueError as err:
+            parse_directions(args.directions, args.src_lang or "", args.tgt_lang or "")
+        except LanguageError as err:
             print(f"attnlab finetune: error: {err}", file=sys.stderr)
             return 2
     overrides = {}

@@ -64,6 +64,10 @@ def read_parallel(src: str | Path, tgt: str | Path) -> list[tuple[str, str]]:
 
 
 # ----------------------------------------------------------------------------------- vocabulary
+class LanguageError(DataError):
+    """A direction or language the model or the data does not have: a usage error (the CLI exits with 2)."""
+
+
 def lang_token(code: str) -> str:
     """M2M-100's spelling of a language token: `__de__`."""
     return f"__{code}__"
@@ -75,19 +79,19 @@ def parse_directions(directions: str | Sequence[str], src_lang: str, tgt_lang: s
     items = [d.strip() for d in (directions.split(",") if isinstance(directions, str) else directions)]
     langs = (src_lang, tgt_lang)
     if src_lang == tgt_lang or not all(re.fullmatch(r"[A-Za-z][\w]*", c or "") for c in langs):
-        raise DataError(f"--directions needs two different language codes as --src-lang and --tgt-lang "
-                        f"(got {src_lang!r} and {tgt_lang!r})")
+        raise LanguageError(f"--directions needs two different language codes as --src-lang and --tgt-lang "
+                            f"(got {src_lang!r} and {tgt_lang!r})")
     out: list[tuple[str, str]] = []
     for item in items:
         a, sep, b = item.partition("-")
         if not sep or a not in langs or b not in langs or a == b:
-            raise DataError(f"--directions {item!r}: expected SRC-TGT with two different languages of the parallel "
-                            f"files ({src_lang}-{tgt_lang} or {tgt_lang}-{src_lang})")
+            raise LanguageError(f"--directions {item!r}: expected SRC-TGT with two different languages of the "
+                                f"parallel files ({src_lang}-{tgt_lang} or {tgt_lang}-{src_lang})")
         if (a, b) in out:
-            raise DataError(f"--directions {item!r}: listed twice")
+            raise LanguageError(f"--directions {item!r}: listed twice")
         out.append((a, b))
     if not out:
-        raise DataError("--directions: empty (e.g. en-de,de-en)")
+        raise LanguageError("--directions: empty (e.g. en-de,de-en)")
     return out
 
 
@@ -149,28 +153,29 @@ def pad(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------- translate + score
-def language_ids(model, tokenizer, src_lang: str | None, tgt_lang: str | None) -> tuple[int | None, int | None]:
-    """(source prefix id, forced first target id) of a multilingual model (config.extra["languages"]), or
-    (None, None) for a one-direction model. The target language is required and must be one of the
-    model's; the source language defaults to the other one of a two-language model."""
+def language_ids(model, tokenizer, src_lang: str | None, tgt_lang: str | None) -> tuple[str | None, int | None, int | None]:
+    """(source language, its prefix id, forced first target id) of a multilingual model
+    (config.extra["languages"]), or (src_lang, None, None) for a one-direction model. The target language is
+    required and must be one of the model's; the source language defaults to the other one of a
+    two-language model."""
     langs = list(model.config.extra.get("languages") or [])
     if not langs:
         if tgt_lang and model.config.extra.get("tgt_lang") not in (None, "tgt", tgt_lang):
-            raise DataError(f"target language {tgt_lang!r}: this model translates only into "
-                            f"{model.config.extra['tgt_lang']!r}")
-        return None, None
+            raise LanguageError(f"target language {tgt_lang!r}: this model translates only into "
+                                f"{model.config.extra['tgt_lang']!r}")
+        return src_lang, None, None
     if not tgt_lang:
-        raise DataError(f"this model translates into several languages ({', '.join(langs)}): name the target "
-                        "language (--target-lang)")
+        raise LanguageError(f"this model translates into several languages ({', '.join(langs)}): name the target "
+                            "language (--target-lang)")
     if src_lang is None and len(langs) == 2 and tgt_lang in langs:
         src_lang = langs[1 - langs.index(tgt_lang)]
     for what, code in (("target", tgt_lang), ("source", src_lang)):
         if code not in langs:
-            raise DataError(f"{what} language {code!r} is not one of the model's languages ({', '.join(langs)})")
+            raise LanguageError(f"{what} language {code!r} is not one of the model's languages ({', '.join(langs)})")
     ids = [tokenizer.backend.token_to_id(lang_token(c)) for c in (src_lang, tgt_lang)]
     if None in ids:
-        raise DataError(f"the tokenizer has no {lang_token(src_lang if ids[0] is None else tgt_lang)} token")
-    return ids[0], ids[1]
+        raise LanguageError(f"the tokenizer has no {lang_token(src_lang if ids[0] is None else tgt_lang)} token")
+    return src_lang, ids[0], ids[1]
 
 
 def translate(model, tokenizer, sentences: Sequence[str], *, num_beams: int = 1, max_tokens: int = 6000,
@@ -179,7 +184,7 @@ def translate(model, tokenizer, sentences: Sequence[str], *, num_beams: int = 1,
     """Translations in input order. Empty inputs give empty outputs (the line stays aligned). A
     multilingual model needs `tgt_lang` (its language token is forced as the first output token)."""
     from ..inference.seq2seq import generate
-    src_id, tgt_id = language_ids(model, tokenizer, src_lang, tgt_lang)
+    _, src_id, tgt_id = language_ids(model, tokenizer, src_lang, tgt_lang)
     idx = [i for i, s in enumerate(sentences) if s.strip()]
     if len(idx) < len(sentences):
         warnings.warn(f"{len(sentences) - len(idx)} empty input line(s) translated as empty lines", stacklevel=2)
@@ -244,10 +249,11 @@ def evaluate_translation(model_dir: str | Path, source: str | Path, reference: s
                          max_length: int = 256, src_lang: str | None = None, tgt_lang: str | None = None) -> dict:
     pairs = read_parallel(source, reference)  # same checks as training data: counts, empty lines
     model, tok = load_translator(model_dir)
+    src_lang = language_ids(model, tok, src_lang, tgt_lang)[0]
     start = time.time()
     hyps = translate(model, tok, [p[0] for p in pairs], num_beams=num_beams, max_length=max_length,
                      src_lang=src_lang, tgt_lang=tgt_lang)
-    direction = {"direction": f"{src_lang or ''}-{tgt_lang}"} if tgt_lang else {}
+    direction = {"direction": f"{src_lang}-{tgt_lang}"} if tgt_lang and src_lang else {}
     return {**bleu(hyps, [p[1] for p in pairs]), **direction, "sentences": len(pairs), "num_beams": num_beams,
             "seconds": round(time.time() - start, 1)}
 
@@ -317,8 +323,12 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     else:
         net, tok = load_translator(model)
         cfg = net.config
-    if ways and sorted(cfg.extra.get("languages") or []) != sorted((src_lang, tgt_lang)):
-        raise DataError(f"{model}: trained for languages {cfg.extra.get('languages')}, not {src_lang} and {tgt_lang}")
+    if (ways or cfg.extra.get("languages")) and sorted(cfg.extra.get("languages") or []) != sorted((src_lang, tgt_lang)):
+        raise DataError(f"{model}: trained for languages {cfg.extra.get('languages') or 'none (one direction)'}, "
+                        f"not --directions between {src_lang} and {tgt_lang}")
+    if cfg.extra.get("languages") and not ways:
+        raise DataError(f"{model}: a multilingual model; name the --directions to train (e.g. "
+                        f"{src_lang}-{tgt_lang},{tgt_lang}-{src_lang})")
     if ways:  # each direction's pairs, with its language tokens in front of both sides
         src_rows, tgt_rows = [], []
         side = {src_lang: (0, train_src), tgt_lang: (1, train_tgt)}
@@ -380,6 +390,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang,
                **({"directions": [f"{a}-{b}" for a, b in ways]} if ways else {}), "steps": trainer.step,
                "epochs": round(trainer.step / steps_per_epoch, 2), "train_pairs": len(pairs),
+               "train_examples": len(src_rows),
                "minutes": round((time.time() - start) / 60, 1),
                "parameters": net.num_parameters(), "vocab_size": tok.vocab_size, "max_length": max_length,
                "best": dict(best) if valid is not None else None, "config": {k: v for k, v in cfg.to_dict().items()
@@ -409,6 +420,6 @@ def _validate(model, tok, valid: list[tuple[str, str]], num_beams: int, max_leng
     return out
 
 
-__all__ = ["bleu", "encode", "evaluate_translation", "finetune_translation", "inverse_sqrt_lr", "lang_token",
+__all__ = ["LanguageError", "bleu", "encode", "evaluate_translation", "finetune_translation", "inverse_sqrt_lr", "lang_token",
            "language_ids", "parse_directions", "read_parallel", "token_batches", "train_joint_bpe", "translate",
            "translate_file"]
