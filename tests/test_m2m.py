@@ -5,13 +5,12 @@ directions, steered by the language token). Tiny shapes throughout."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 import torch
 
 import attnlab
-from _families import check_seq2seq_parity
+from _families import check_loads_in_transformers, check_seq2seq_parity, hf_seq2seq, load_clean, seq2seq_batch
 from attnlab.config import ConfigError, preset
 from attnlab.inference.seq2seq import generate
 from attnlab.models.seq2seq import Seq2SeqLM
@@ -26,25 +25,11 @@ def _hf_m2m(tmp_path, name, cls="M2M100ForConditionalGeneration", emb_std=0.3, *
     cfg = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
                encoder_layerdrop=0.0, decoder_layerdrop=0.0)
-    cfg.update(kw)
-    torch.manual_seed(0)
-    model = getattr(transformers, cls)(transformers.M2M100Config(**cfg)).eval()
-    with torch.no_grad():  # wider weights than the default init, so that generations are not degenerate
-        for key, p in model.named_parameters():
-            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5) if key.endswith("weight") else p.normal_(0, 0.1)
-        model.get_input_embeddings().weight.normal_(0, emb_std)
-    path = tmp_path / name
-    model.save_pretrained(path)
-    return model, path
+    return hf_seq2seq(getattr(transformers, cls), transformers.M2M100Config(**{**cfg, **kw}), tmp_path, name, emb_std)
 
 
 def _batch():
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, V, (3, 13), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 9:] = 0  # a padded source row: fairseq's positions skip the padding
-    ids[1, 9:] = 1
-    dec = torch.randint(3, V, (3, 7), generator=g)
+    ids, mask, dec = seq2seq_batch(V, pad=1)  # a padded source row: fairseq's positions skip the padding
     dec[2, 5:] = 1  # padded decoder inputs take the zero position row, in transformers as here
     return ids, mask, dec
 
@@ -62,9 +47,7 @@ def test_fairseq_sinusoids_match_transformers():
 @pytest.mark.parametrize("act,dec_layers", [("relu", 2), ("gelu", 3)])
 def test_m2m_logits_load_and_save(tmp_path, act, dec_layers):
     hf, path = _hf_m2m(tmp_path, act, activation_function=act, decoder_layers=dec_layers)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no missing / unused tensors
-        ours = attnlab.load(path)
+    ours = load_clean(path)
     assert type(ours).__name__ == "Seq2SeqLM" and len(ours.decoder.layers) == dec_layers
     assert ours.config.max_position_embeddings == 42 and ours.config.norm_placement == "pre"
     ids, mask, dec = _batch()
@@ -81,9 +64,7 @@ def test_m2m_bare_model_both_ways(tmp_path):
     """M2M100Model (no lm_head, no "model." prefix) loads into the same class; what attnlab saves loads as
     M2M100Model in transformers with equal hidden states."""
     hf, path = _hf_m2m(tmp_path, "bare", cls="M2M100Model")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ours = attnlab.load(path)
+    ours = load_clean(path)
     mine, back = check_seq2seq_parity(hf, ours, tmp_path, *_batch(), field="last_hidden_state")
     assert mine.last_hidden_state.std() > 0.5 and type(back).__name__ == "M2M100Model"
 
@@ -93,13 +74,7 @@ def test_m2m_from_scratch_saves_for_transformers(tmp_path):
                  max_position_embeddings=34, extra={**preset("m2m100_418M").extra, "num_decoder_layers": 1})
     torch.manual_seed(0)
     ours = Seq2SeqLM(cfg).eval()
-    ours.save(tmp_path / "m")
-    back = transformers.M2M100ForConditionalGeneration.from_pretrained(tmp_path / "m").eval()
-    ids, mask, dec = _batch()
-    with torch.no_grad():
-        a = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-        b = back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-    assert (a - b).abs().max() <= 1e-5
+    back = check_loads_in_transformers(ours, transformers.M2M100ForConditionalGeneration, tmp_path, *_batch())
     assert back.config.decoder_layers == 1 and back.config.scale_embedding is True
     bad = Seq2SeqLM(cfg.replace(extra={**cfg.extra, "sinusoid_fairseq": False}))
     with pytest.raises(ConfigError, match="sinusoid_fairseq"):
