@@ -471,6 +471,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                        pad_token_id=0, eos_token_id=1, tie_word_embeddings=False, max_position_embeddings=1024,
                        extra={"num_decoder_layers": 4, "decoder_start_token_id": 0, "scale_decoder_outputs": False}),
     # BART: see _BART above
+    # M2M-100 418M (Fan et al. 2020, as facebook/m2m100_418M): pre-LN 12 + 12 x 1024, 16 heads, ReLU FFN 4096,
+    # final LayerNorms, fairseq's sinusoids counted from 2 over real tokens (1024 + 2 rows), embeddings times
+    # sqrt(d), one 128,112-token vocabulary with 100 language tokens shared by both stacks and the output.
+    "m2m100_418M": dict(model_type="m2m_100", vocab_size=128112, hidden_size=1024, num_layers=12, num_heads=16,
+                        intermediate_size=4096, max_position_embeddings=1026, type_vocab_size=0, position="sinusoidal",
+                        norm_placement="pre", final_norm=True, activation="relu", embedding_norm=False,
+                        scale_embeddings=True, pooler=False, norm_eps=1e-5, dropout=0.1, attention_dropout=0.1,
+                        pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                        extra={"num_decoder_layers": 12, "decoder_start_token_id": 2, "position_offset": 2,
+                               "sinusoid_fairseq": True}),
     "bart-base": dict(_BART, hidden_size=768, num_layers=6, num_heads=12, intermediate_size=3072,
                       extra=dict(_BART_EXTRA, num_decoder_layers=6)),
     "bart-large": dict(_BART, hidden_size=1024, num_layers=12, num_heads=16, intermediate_size=4096,

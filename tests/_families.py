@@ -71,3 +71,68 @@ def check_seq2seq_attentions(hf, ours, ids: torch.Tensor, mask: torch.Tensor, de
         assert a.shape == (ids.size(0), heads, dec.size(1), ids.size(1)) and (a - b).abs().max() <= 1e-5
     for a, b in zip(mine.attentions, theirs.decoder_attentions):
         assert (a - b).abs().max() <= 1e-5
+
+
+def check_seq2seq_parity(hf, ours, tmp_path, ids: torch.Tensor, mask: torch.Tensor, dec: torch.Tensor,
+                         labels: torch.Tensor | None = None, field: str = "logits"):
+    """An encoder-decoder equals transformers' `hf` on `field` (logits, or last_hidden_state of a bare
+    model), on the encoder's real tokens and on the loss of `labels`; attnlab's save loads in transformers'
+    class with the same `field`. Returns (our output, the reloaded transformers model)."""
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+        assert (getattr(theirs, field) - getattr(mine, field)).abs().max() <= 1e-5
+        real = mask.bool()  # the unpadded encoder leaves padded positions at zero; compare real tokens
+        assert (theirs.encoder_last_hidden_state[real] - mine.encoder_last_hidden_state[real]).abs().max() <= 1e-5
+        if labels is not None:
+            loss_t = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss_m = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
+            assert abs(loss_t.item() - loss_m.item()) <= 1e-5
+    ours.save(tmp_path / "ours")
+    back = type(hf).from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        again = getattr(back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec), field)
+    assert (again - getattr(mine, field)).abs().max() <= 1e-5
+    return mine, back
+
+
+def hf_seq2seq(cls, config, tmp_path, name: str, emb_std: float = 0.3):
+    """A random transformers encoder-decoder with wider weights than the default init, so that generations
+    are not degenerate (LayerNorm weights near 1 would make every output alike; a random model with tied
+    embeddings tends to repeat its input token, which a smaller embedding loosens), saved to tmp_path/name."""
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5) if key.endswith("weight") else p.normal_(0, 0.1)
+        model.get_input_embeddings().weight.normal_(0, emb_std)
+    model.save_pretrained(tmp_path / name)
+    return model, tmp_path / name
+
+
+def seq2seq_batch(vocab: int, pad: int, low: int = 3):
+    """Source ids (3, 13) with row 1 padded after 9 tokens, its mask, and decoder inputs (3, 7)."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(low, vocab, (3, 13), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    ids[1, 9:] = pad
+    return ids, mask, torch.randint(low, vocab, (3, 7), generator=g)
+
+
+def load_clean(path):
+    """attnlab.load that fails on any missing or unused tensor warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return attnlab.load(path)
+
+
+def check_loads_in_transformers(ours, cls, tmp_path, ids: torch.Tensor, mask: torch.Tensor, dec: torch.Tensor):
+    """An encoder-decoder attnlab built saves to a directory transformers' `cls` loads with equal logits."""
+    ours.eval().save(tmp_path / "m")
+    back = cls.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        a = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+        b = back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
+    assert (a - b).abs().max() <= 1e-5
+    return back

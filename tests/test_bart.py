@@ -3,13 +3,12 @@ directions, cached decoding, the byte-level BPE tokenizer's special tokens, the 
 the paper with their statistics on WikiText-2, and the pretraining path. Tiny shapes throughout."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 import attnlab
-from _families import check_seq2seq_attentions
+from _families import (check_loads_in_transformers, check_seq2seq_attentions, check_seq2seq_parity, hf_seq2seq,
+                       load_clean, seq2seq_batch)
 from attnlab.config import ConfigError, preset
 from attnlab.inference.seq2seq import generate
 from attnlab.models.seq2seq import Seq2SeqLM
@@ -23,58 +22,32 @@ def _hf_bart(tmp_path, name, emb_std=0.3, **kw):
     cfg = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40)
     cfg.update(kw)
-    torch.manual_seed(0)
-    model = transformers.BartForConditionalGeneration(transformers.BartConfig(**cfg)).eval()
-    with torch.no_grad():  # wider weights than the default init, so that generations are not degenerate
-        for key, p in model.named_parameters():  # (LayerNorm biases near 1 would make every output alike)
-            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5) if key.endswith("weight") else p.normal_(0, 0.1)
-        # a random model with tied embeddings tends to repeat its input token; a smaller embedding loosens that
-        model.model.shared.weight.normal_(0, emb_std)
+    model, path = hf_seq2seq(transformers.BartForConditionalGeneration, transformers.BartConfig(**cfg), tmp_path,
+                             name, emb_std)
+    with torch.no_grad():
         model.final_logits_bias.normal_(0, 0.2)  # a zero bias would not test that it is applied
-    path = tmp_path / name
     model.save_pretrained(path)
     return model, path
 
 
 def _batch():
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, V, (3, 13), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 9:] = 0  # a padded source row (BART's positions do not depend on the padding)
-    ids[1, 9:] = 1
-    dec = torch.randint(3, V, (3, 7), generator=g)
-    return ids, mask, dec
+    return seq2seq_batch(V, pad=1)  # a padded source row (BART's positions do not depend on the padding)
 
 
 @pytest.mark.parametrize("scale,act,dec_layers", [(False, "gelu", 3), (True, "relu", 2)])
 def test_bart_logits_load_and_save(tmp_path, scale, act, dec_layers):
     hf, path = _hf_bart(tmp_path, f"{scale}-{act}", scale_embedding=scale, activation_function=act,
                         decoder_layers=dec_layers)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no missing / unused tensors
-        ours = attnlab.load(path)
+    ours = load_clean(path)
     assert type(ours).__name__ == "Seq2SeqLM" and len(ours.decoder.layers) == dec_layers
     assert ours.config.scale_embeddings is scale and ours.config.max_position_embeddings == 42  # 40 + offset 2
     ids, mask, dec = _batch()
     labels = dec.clone()
     labels[2, 5:] = -100
-    with torch.no_grad():
-        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
-        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
-        assert mine.logits.std() > 1.0  # not a degenerate comparison
-        assert (theirs.logits - mine.logits).abs().max() <= 1e-5
-        real = mask.bool()
-        assert (theirs.encoder_last_hidden_state[real] - mine.encoder_last_hidden_state[real]).abs().max() <= 1e-5
-        # labels -> decoder inputs shifted right from decoder_start_token_id = </s> = 2, as HF's shift_tokens_right
-        loss_t = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss_m = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
-        assert abs(loss_t.item() - loss_m.item()) <= 1e-5
-    ours.save(tmp_path / "ours")
-    back = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
+    # labels -> decoder inputs shifted right from decoder_start_token_id = </s> = 2, as HF's shift_tokens_right
+    mine, back = check_seq2seq_parity(hf, ours, tmp_path, ids, mask, dec, labels)
+    assert mine.logits.std() > 1.0  # not a degenerate comparison
     assert back.config.max_position_embeddings == 40 and back.config.decoder_layers == dec_layers
-    with torch.no_grad():
-        again = back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-    assert (again - mine.logits).abs().max() <= 1e-5
     assert torch.equal(back.final_logits_bias, hf.final_logits_bias)
 
 
@@ -86,13 +59,7 @@ def test_bart_from_scratch_saves_for_transformers(tmp_path):
     ours = Seq2SeqLM(cfg).eval()
     with torch.no_grad():
         ours.final_logits_bias.normal_()
-    ours.save(tmp_path / "m")
-    back = transformers.BartForConditionalGeneration.from_pretrained(tmp_path / "m").eval()
-    ids, mask, dec = _batch()
-    with torch.no_grad():
-        a = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-        b = back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-    assert (a - b).abs().max() <= 1e-5
+    back = check_loads_in_transformers(ours, transformers.BartForConditionalGeneration, tmp_path, *_batch())
     assert back.config.decoder_start_token_id == 2 and back.config.pad_token_id == 1
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnlab
-from _families import check_seq2seq_attentions
+from _families import check_seq2seq_attentions, check_seq2seq_parity
 from attnlab.inference.seq2seq import generate
 
 transformers = pytest.importorskip("transformers")
@@ -48,20 +48,7 @@ def test_t5_logits_load_and_save(tmp_path, proj, dec_layers):
     ids, mask, dec = _batch()
     labels = dec.clone()
     labels[2, 5:] = -100
-    with torch.no_grad():
-        theirs = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, labels=None)
-        mine = ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
-        assert (theirs.logits - mine.logits).abs().max() <= 1e-5
-        real = mask.bool()  # the unpadded encoder leaves padded positions at zero; compare real tokens
-        assert (theirs.encoder_last_hidden_state[real] - mine.encoder_last_hidden_state[real]).abs().max() <= 1e-5
-        loss_t = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss_m = ours(input_ids=ids, attention_mask=mask, labels=labels).loss
-        assert abs(loss_t.item() - loss_m.item()) <= 1e-5
-    ours.save(tmp_path / "ours")
-    back = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
-    with torch.no_grad():
-        again = back(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits
-    assert (again - mine.logits).abs().max() <= 1e-5
+    check_seq2seq_parity(hf, ours, tmp_path, ids, mask, dec, labels)
 
 
 def test_t5_generation_matches(tmp_path):

@@ -2,6 +2,7 @@
 
 example:
   attnlab evaluate conll2003 --model out/conll2003 --data ../shared/data/conll2003/valid.txt
+  attnlab evaluate translation --model out/en-de-en --source val.de --reference val.en --target-lang en
   attnlab evaluate lm --model smollm2 --data ../shared/data/wikitext-2/valid.txt --context 512
   attnlab evaluate lm --model model.gguf --data valid.txt --convention llama.cpp --dtype bf16   # kept quantized
   attnlab evaluate lm --model model.gguf --data valid.txt --dequantize                         # dense fp32
@@ -29,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", help="translation: source sentences, one per line")
     p.add_argument("--reference", help="translation: reference translations, line-aligned with --source")
     p.add_argument("--num-beams", type=int, default=4, help="translation: beam size (default 4)")
+    p.add_argument("--target-lang", help="translation, multilingual model: the direction's target language, e.g. de")
+    p.add_argument("--source-lang", help="translation, multilingual model: the source language (default: the other one)")
     p.add_argument("--max-length", type=int, help="tokens per input (task default)")
     p.add_argument("--batch-size", type=int, help="inputs per batch (default 64; lm: 4 windows, or 32 masked copies for a masked LM)")
     p.add_argument("--context", type=int, help="lm: tokens per window (default the model's maximum, at most 1024)")
@@ -49,9 +52,14 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "translation":  # sacreBLEU on detokenized output
         if not args.source or not args.reference:
             raise ValueError("evaluate translation: --source and --reference are required")
-        from ..tasks.translation import evaluate_translation
-        print(json.dumps(evaluate_translation(args.model, args.source, args.reference, num_beams=args.num_beams,
-                                              max_length=args.max_length or 256)))
+        from ..tasks.translation import LanguageError, evaluate_translation
+        try:
+            print(json.dumps(evaluate_translation(args.model, args.source, args.reference, num_beams=args.num_beams,
+                                                  max_length=args.max_length or 256, src_lang=args.source_lang,
+                                                  tgt_lang=args.target_lang)))
+        except LanguageError as err:  # a usage error: one line, status 2
+            print(f"attnlab evaluate: error: {err}", file=sys.stderr)
+            return 2
         return 0
     if not args.data:
         raise ValueError(f"evaluate {args.task}: --data is required")

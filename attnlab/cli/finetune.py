@@ -116,6 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("translation (attnlab.tasks.translation)")
     t.add_argument("--src-lang", help="source language code (recorded in config.json), e.g. en")
     t.add_argument("--tgt-lang", help="target language code, e.g. de")
+    t.add_argument("--directions", metavar="SRC-TGT[,...]",
+                   help="train ONE multilingual model on these directions between --src-lang and --tgt-lang, e.g. "
+                        "en-de,de-en (M2M-100 style: a __de__ token starts the target; translate --target-lang de)")
     for name in ("train-src", "train-tgt", "valid-src", "valid-tgt"):
         t.add_argument(f"--{name}", help="parallel text file, one sentence per line")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -190,6 +193,13 @@ def _translation(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")
+    if args.directions:  # a bad direction is a usage error: one line, status 2, before any work
+        from ..tasks.translation import LanguageError, parse_directions
+        try:
+            parse_directions(args.directions, args.src_lang or "", args.tgt_lang or "")
+        except LanguageError as err:
+            print(f"attnlab finetune: error: {err}", file=sys.stderr)
+            return 2
     overrides = _overrides(args.set)
     summary = finetune_translation(args.train_src, args.train_tgt, args.valid_src, args.valid_tgt, args.output,
                                    src_lang=args.src_lang or "src", tgt_lang=args.tgt_lang or "tgt",
@@ -199,7 +209,7 @@ def _translation(args: argparse.Namespace) -> int:
                                    max_minutes=args.max_minutes, warmup=args.warmup, lr_factor=args.lr_factor,
                                    eval_every=args.eval_every, eval_beams=args.eval_beams, seed=args.seed,
                                    max_eval_sentences=args.max_eval_samples, progress=args.progress,
-                                   save_every=args.save_every, resume=args.resume)
+                                   save_every=args.save_every, resume=args.resume, directions=args.directions)
     print(json.dumps(summary))
     return 0
 

@@ -4,6 +4,7 @@ over-long lines are truncated to --max-length tokens with a warning that counts 
 
 example:
   attnlab translate runs/en-de --input val.en --output val.hyp.de --num-beams 4
+  attnlab translate runs/en-de-en --input val.de --output val.hyp.en --target-lang en   # a two-way model
 """
 from __future__ import annotations
 
@@ -20,14 +21,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, help="where to write the translations (same number of lines)")
     p.add_argument("--num-beams", type=int, default=4, help="beam size (default 4; 1 = greedy)")
     p.add_argument("--max-length", type=int, default=256, help="source tokens kept per line (default 256)")
+    p.add_argument("--target-lang", help="a multilingual model (finetune translation --directions): the language "
+                                          "to write, e.g. de; its __de__ token is forced first")
+    p.add_argument("--source-lang", help="a multilingual model: the input's language (default: the model's other one)")
 
 
 def run(args: argparse.Namespace) -> int:
     import warnings
-    from ..tasks.translation import translate_file
+    from ..tasks.translation import LanguageError, translate_file
     with warnings.catch_warnings(record=True) as caught:  # each warning (truncation, empty lines) as one line
         warnings.simplefilter("always")
-        n = translate_file(args.model, args.input, args.output, num_beams=args.num_beams, max_length=args.max_length)
+        try:
+            n = translate_file(args.model, args.input, args.output, num_beams=args.num_beams,
+                               max_length=args.max_length, src_lang=args.source_lang, tgt_lang=args.target_lang)
+        except LanguageError as err:  # a usage error: one line, status 2
+            print(f"attnlab translate: error: {err}", file=sys.stderr)
+            return 2
     for w in caught:
         print(f"attnlab translate: warning: {w.message}", file=sys.stderr)
     print(f"translated {n} lines into {args.output}", file=sys.stderr)

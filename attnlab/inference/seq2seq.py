@@ -42,10 +42,14 @@ class _DecoderLM:
 
 @torch.inference_mode()
 def generate(model: Seq2SeqLM, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-             max_new_tokens: int = 64, num_beams: int = 1, **kwargs) -> torch.Tensor:
+             max_new_tokens: int = 64, num_beams: int = 1, forced_bos_token_id: int | None = None,
+             **kwargs) -> torch.Tensor:
     """(B, 1 + new) target ids starting with the decoder start token, like transformers' `generate` for
     encoder-decoders. kwargs: as `attnlab.inference.generate.generate` (temperature, top_k, top_p,
-    length_penalty, early_stopping, eos_token_id, ...). Finished rows are padded with pad_token_id."""
+    length_penalty, early_stopping, eos_token_id, ...). Finished rows are padded with pad_token_id.
+    `forced_bos_token_id` (M2M-100's target-language token) is the first generated token whatever the
+    logits: the decoder starts from (start, forced), which is what forcing it gives, score included
+    (transformers' forcing leaves that step a log-probability of 0); it counts in max_new_tokens."""
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if attention_mask is not None and not bool(attention_mask.all()):
@@ -54,5 +58,8 @@ def generate(model: Seq2SeqLM, input_ids: torch.Tensor, attention_mask: torch.Te
         memory_mask = None
     memory = model.encode(input_ids, attention_mask).last_hidden_state
     start = torch.full((input_ids.size(0), 1), model.decoder_start_token_id, dtype=torch.long, device=input_ids.device)
+    if forced_bos_token_id is not None:
+        start = torch.cat((start, torch.full_like(start, forced_bos_token_id)), dim=1)
+        max_new_tokens -= 1
     return _generate(_DecoderLM(model, memory, memory_mask), start, None, max_new_tokens=max_new_tokens,
                      num_beams=num_beams, **kwargs)

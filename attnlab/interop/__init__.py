@@ -16,6 +16,7 @@ from . import gpt2, llama  # noqa: F401
 from . import albert, distilbert, electra, modernbert, roberta  # noqa: F401  (the BERT family, issue 9)
 from . import t5  # noqa: F401  (T5 and the original Transformer, issue 8)
 from . import bart  # noqa: F401  (BART, issue 23)
+from . import m2m100  # noqa: F401  (M2M-100, issue 23)
 from . import deberta  # noqa: F401  (DeBERTa-v2/v3, issue 23)
 from . import xlnet  # noqa: F401  (XLNet: two streams, Transformer-XL relative attention, mems; issue 23)
 from . import ctrl, gpt_neo, gpt_neox, openai_gpt  # noqa: F401  (CTRL, GPT-1, GPT-Neo, GPT-NeoX, issue 27)

@@ -70,6 +70,20 @@ class Encoder(Model):
         self.pooler = Pooler(config) if config.pooler else None
         self.init_weights()
 
+    def offset_positions(self, input_ids: torch.Tensor | None, b: int, t: int, offset: int, device) -> torch.Tensor:
+        """Position ids counted from config.extra["position_offset"] (0 without it), after `offset` cached tokens."""
+        cfg = self.config
+        if ("position_offset" in cfg.extra and cfg.extra.get("pad_aware_positions", True)
+                and input_ids is not None and cfg.pad_token_id is not None):
+            # RoBERTa, M2M-100 (fairseq): real tokens count from position_offset (pad_token_id + 1), whatever
+            # padding surrounds them; pad tokens take position pad_token_id
+            real = input_ids != cfg.pad_token_id
+            start = cfg.extra["position_offset"] + offset
+            return torch.where(real, real.long().cumsum(-1) + start - 1, cfg.pad_token_id)
+        # BART (pad_aware_positions: false): positions from position_offset = 2, padding or not
+        start = offset + cfg.extra.get("position_offset", 0)
+        return torch.arange(start, start + t, device=device).expand(b, t)
+
     def _check_inputs(self, input_ids, attention_mask, token_type_ids, inputs_embeds, past: int = 0) -> None:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
@@ -125,16 +139,8 @@ class Encoder(Model):
             if cfg.causal and attention_mask is not None:
                 # left padding: a row's first real token is position 0, whatever padding precedes it
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -t:]
-            elif ("position_offset" in cfg.extra and cfg.extra.get("pad_aware_positions", True)
-                  and input_ids is not None and cfg.pad_token_id is not None):
-                # RoBERTa (fairseq): real tokens count from position_offset (pad_token_id + 1), whatever padding
-                # surrounds them; pad tokens take position pad_token_id
-                real = input_ids != cfg.pad_token_id
-                start = cfg.extra["position_offset"] + offset
-                position_ids = torch.where(real, real.long().cumsum(-1) + start - 1, cfg.pad_token_id)
-            else:  # BART (pad_aware_positions: false): positions from position_offset = 2, padding or not
-                start = offset + cfg.extra.get("position_offset", 0)
-                position_ids = torch.arange(start, start + t, device=device).expand(b, t)
+            else:
+                position_ids = self.offset_positions(input_ids, b, t, offset, device)
         varlen = None
         # A KV cache still allows it for a first pass (a padded batch of prompts, nothing cached yet): the
         # cache receives keys/values in the padded layout, zeros at padding, which the mask hides later.

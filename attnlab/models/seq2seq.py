@@ -14,7 +14,8 @@ Decoder-only values live in `config.extra`: `num_decoder_layers` (default num_la
 `decoder_start_token_id` (default pad_token_id, as T5), `share_embeddings` (default true: one
 source/target vocabulary, §3.4), `label_smoothing` (§5.4), `scale_decoder_outputs` (T5: hidden states
 times d^-0.5 before the tied output projection), `final_logits_bias` (BART: a (1, V) buffer added to the
-logits), `position_offset` (BART: learned positions counted from 2 in both stacks).
+logits), `position_offset` (BART: learned positions counted from 2 in both stacks; M2M-100: fairseq's
+sinusoids counted from 2 over the real tokens, `pad_aware_positions`).
 """
 from __future__ import annotations
 
@@ -70,8 +71,7 @@ class DecoderStack(Encoder):
         self._check_inputs(input_ids, attention_mask, None, None, offset)
         b, t = input_ids.shape
         device = input_ids.device
-        start = offset + self.config.extra.get("position_offset", 0)  # BART's fairseq positions start at 2
-        position_ids = torch.arange(start, start + t, device=device).expand(b, t)
+        position_ids = self.offset_positions(input_ids, b, t, offset, device)  # BART's, M2M-100's start at 2
         x = self.embeddings(input_ids, None, position_ids)
         mask = AttentionMask.build(attention_mask, t, offset + t, causal=True, query_offset=offset, device=device)
         cross_mask = AttentionMask.build(memory_mask, t, memory.size(1), device=device)
@@ -113,7 +113,8 @@ class Seq2SeqLM(Model):
 
     @property
     def hf_architecture(self) -> str:  # per family, as CausalLM: one class serves T5 and the original Transformer
-        return {"t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration"}.get(
+        return {"t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
+                "m2m_100": "M2M100ForConditionalGeneration"}.get(
             self.config.model_type, "Transformer")
 
     def __init__(self, config: ModelConfig) -> None:

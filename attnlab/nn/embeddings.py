@@ -18,7 +18,8 @@ class Embeddings(nn.Module):
         self.tok = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
         self.pos = nn.Embedding(config.max_position_embeddings, e) if config.position == "learned" else None
         if config.position == "sinusoidal":
-            table = sinusoidal_table(config.max_position_embeddings, e, halves=config.extra.get("sinusoid_halves", False))
+            table = sinusoidal_table(config.max_position_embeddings, e, halves=config.extra.get("sinusoid_halves", False),
+                                     fairseq=config.extra.get("sinusoid_fairseq", False), padding_idx=config.pad_token_id)
             self.register_buffer("sinusoid", table, persistent=False)
         else:
             self.sinusoid = None

@@ -11,13 +11,25 @@ import torch
 from torch import nn
 
 
-def sinusoidal_table(num_positions: int, dim: int, halves: bool = False) -> torch.Tensor:
+def sinusoidal_table(num_positions: int, dim: int, halves: bool = False, fairseq: bool = False,
+                     padding_idx: int | None = None) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
 
     Even columns hold sines, odd columns cosines of the same frequency, exactly as the paper writes it.
     `halves=True` keeps the same values but puts all sines first, then all cosines (CTRL's and
     tensor2tensor's layout).
+    `fairseq=True` is fairseq's table (M2M-100, FSMT): the halves layout with frequencies
+    10000^(-i/(d/2 - 1)) rather than 10000^(-2i/d) (the last pair turns exactly 10000 times slower than the
+    first), computed in float32 as fairseq does, with the row `padding_idx` all zeros.
     """
+    if fairseq:
+        half = dim // 2
+        freq = torch.exp(torch.arange(half).float() * -(math.log(10000) / (half - 1)))
+        angle = torch.arange(num_positions).float()[:, None] * freq[None]
+        table = torch.cat((torch.sin(angle), torch.cos(angle), torch.zeros(num_positions, dim % 2)), dim=1)
+        if padding_idx is not None:
+            table[padding_idx] = 0
+        return table
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, dim, 2, dtype=torch.float64)
     angle = pos / torch.pow(10000.0, two_i / dim)

@@ -5,6 +5,12 @@ vocabulary learned on the training data, training from scratch, beam-search tran
     translate_file("out/en-de", "val.en", "hyp.de", num_beams=4)
     evaluate_translation("out/en-de", "val.en", "val.de")     # {"bleu": 34.1, "signature": ...}
 
+Multilingual (M2M-100 style, Fan et al. 2020, §2; Johnson et al. 2017): `directions=["en-de", "de-en"]`
+trains ONE model on both directions of the parallel files. Each language has a token (`__en__`) in the
+joint vocabulary; the source starts with its own language token, the target with the target language's,
+so the decoder reads `<s> __de__ ...` and generation forces `__de__` as the first token: that token alone
+tells the one decoder which language to write (`translate(..., tgt_lang="de")`).
+
 Parallel files hold one sentence per line, line i of the source translating line i of the target.
 Training runs on the shared `attnlab.training.Trainer` (its non-finite-loss stop, progress bar, time
 budget, keep-best and metrics.jsonl): Adam(0.9, 0.98, 1e-9) with lr = factor * d^-0.5 * min(step^-0.5,
@@ -16,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 import warnings
 from pathlib import Path
@@ -57,7 +64,39 @@ def read_parallel(src: str | Path, tgt: str | Path) -> list[tuple[str, str]]:
 
 
 # ----------------------------------------------------------------------------------- vocabulary
-def train_joint_bpe(files: Sequence[str | Path], vocab_size: int = 8000, min_frequency: int = 2):
+class LanguageError(DataError):
+    """A direction or language the model or the data does not have: a usage error (the CLI exits with 2)."""
+
+
+def lang_token(code: str) -> str:
+    """M2M-100's spelling of a language token: `__de__`."""
+    return f"__{code}__"
+
+
+def parse_directions(directions: str | Sequence[str], src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+    """"en-de,de-en" -> [("en", "de"), ("de", "en")]: each a direction between the two languages of the
+    parallel files (src_lang, tgt_lang). Anything else is an error naming the bad item."""
+    items = [d.strip() for d in (directions.split(",") if isinstance(directions, str) else directions)]
+    langs = (src_lang, tgt_lang)
+    if src_lang == tgt_lang or not all(re.fullmatch(r"[A-Za-z][\w]*", c or "") for c in langs):
+        raise LanguageError(f"--directions needs two different language codes as --src-lang and --tgt-lang "
+                            f"(got {src_lang!r} and {tgt_lang!r})")
+    out: list[tuple[str, str]] = []
+    for item in items:
+        a, sep, b = item.partition("-")
+        if not sep or a not in langs or b not in langs or a == b:
+            raise LanguageError(f"--directions {item!r}: expected SRC-TGT with two different languages of the "
+                                f"parallel files ({src_lang}-{tgt_lang} or {tgt_lang}-{src_lang})")
+        if (a, b) in out:
+            raise LanguageError(f"--directions {item!r}: listed twice")
+        out.append((a, b))
+    if not out:
+        raise LanguageError("--directions: empty (e.g. en-de,de-en)")
+    return out
+
+
+def train_joint_bpe(files: Sequence[str | Path], vocab_size: int = 8000, min_frequency: int = 2,
+                    extra_specials: Sequence[str] = ()):
     """One BPE vocabulary for source and target (§5.1: "a shared source-target vocabulary"), so that the
     encoder and decoder embeddings and the output projection can be one matrix. SentencePiece-style
     pre-tokenization (a space becomes "▁" on the next word) makes decoding the exact inverse: the
@@ -69,7 +108,7 @@ def train_joint_bpe(files: Sequence[str | Path], vocab_size: int = 8000, min_fre
     backend.pre_tokenizer = tk.pre_tokenizers.Metaspace()
     backend.decoder = tk.decoders.Metaspace()
     trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                     special_tokens=[PAD, EOS, BOS, UNK], show_progress=False)
+                                     special_tokens=[PAD, EOS, BOS, UNK, *extra_specials], show_progress=False)
     backend.train([str(f) for f in files], trainer)
     backend.post_processor = tk.processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, 1)])
     return Tokenizer(backend, specials={"pad_token": PAD, "eos_token": EOS, "bos_token": BOS, "unk_token": UNK},
@@ -114,17 +153,47 @@ def pad(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------- translate + score
+def language_ids(model, tokenizer, src_lang: str | None, tgt_lang: str | None) -> tuple[str | None, int | None, int | None]:
+    """(source language, its prefix id, forced first target id) of a multilingual model
+    (config.extra["languages"]), or (src_lang, None, None) for a one-direction model. The target language is
+    required and must be one of the model's; the source language defaults to the other one of a
+    two-language model."""
+    langs = list(model.config.extra.get("languages") or [])
+    if not langs:
+        if tgt_lang and model.config.extra.get("tgt_lang") not in (None, "tgt", tgt_lang):
+            raise LanguageError(f"target language {tgt_lang!r}: this model translates only into "
+                                f"{model.config.extra['tgt_lang']!r}")
+        return src_lang, None, None
+    if not tgt_lang:
+        raise LanguageError(f"this model translates into several languages ({', '.join(langs)}): name the target "
+                            "language (--target-lang)")
+    if src_lang is None and len(langs) == 2 and tgt_lang in langs:
+        src_lang = langs[1 - langs.index(tgt_lang)]
+    for what, code in (("target", tgt_lang), ("source", src_lang)):
+        if code not in langs:
+            raise LanguageError(f"{what} language {code!r} is not one of the model's languages ({', '.join(langs)})")
+    ids = [tokenizer.backend.token_to_id(lang_token(c)) for c in (src_lang, tgt_lang)]
+    if None in ids:
+        raise LanguageError(f"the tokenizer has no {lang_token(src_lang if ids[0] is None else tgt_lang)} token")
+    return src_lang, ids[0], ids[1]
+
+
 def translate(model, tokenizer, sentences: Sequence[str], *, num_beams: int = 1, max_tokens: int = 6000,
-              max_length: int = 256, length_penalty: float = 1.0) -> list[str]:
-    """Translations in input order. Empty inputs give empty outputs (the line stays aligned)."""
+              max_length: int = 256, length_penalty: float = 1.0, src_lang: str | None = None,
+              tgt_lang: str | None = None) -> list[str]:
+    """Translations in input order. Empty inputs give empty outputs (the line stays aligned). A
+    multilingual model needs `tgt_lang` (its language token is forced as the first output token)."""
     from ..inference.seq2seq import generate
+    _, src_id, tgt_id = language_ids(model, tokenizer, src_lang, tgt_lang)
     idx = [i for i, s in enumerate(sentences) if s.strip()]
     if len(idx) < len(sentences):
         warnings.warn(f"{len(sentences) - len(idx)} empty input line(s) translated as empty lines", stacklevel=2)
     out = [""] * len(sentences)
     if not idx:
         return out
-    rows = encode(tokenizer, [sentences[i] for i in idx], max_length, "input sentences")
+    rows = encode(tokenizer, [sentences[i] for i in idx], max_length - (src_id is not None), "input sentences")
+    if src_id is not None:
+        rows = [[src_id] + r for r in rows]
     was_training = model.training
     model.eval()
     device = next(iter(model.parameters()), torch.empty(0)).device
@@ -134,7 +203,8 @@ def translate(model, tokenizer, sentences: Sequence[str], *, num_beams: int = 1,
         mask = (ids != (model.config.pad_token_id or 0)).long()
         positions = model.decoder.config.max_position_embeddings - model.config.extra.get("position_offset", 0)
         new = min(int(ids.size(1) * 1.5) + 10, positions - 1)  # BART's tables hold 2 rows before position 0
-        gen = generate(model, ids, mask, max_new_tokens=new, num_beams=num_beams, length_penalty=length_penalty)
+        gen = generate(model, ids, mask, max_new_tokens=new, num_beams=num_beams, length_penalty=length_penalty,
+                       forced_bos_token_id=tgt_id)
         for j, text in zip(batch, tokenizer.batch_decode(gen[:, 1:].tolist())):
             out[idx[j]] = text.strip()
     model.train(was_training)
@@ -162,10 +232,12 @@ def load_translator(model_dir: str | Path):
 
 
 def translate_file(model_dir: str | Path, source: str | Path, output: str | Path, *, num_beams: int = 4,
-                   max_length: int = 256) -> int:
+                   max_length: int = 256, src_lang: str | None = None, tgt_lang: str | None = None) -> int:
     model, tok = load_translator(model_dir)
+    language_ids(model, tok, src_lang, tgt_lang)  # a wrong language fails before the file is read
     lines = read_lines(source)
-    hyps = translate(model, tok, lines, num_beams=num_beams, max_length=max_length)
+    hyps = translate(model, tok, lines, num_beams=num_beams, max_length=max_length, src_lang=src_lang,
+                     tgt_lang=tgt_lang)
     from ..interop.files import atomic_write
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -174,12 +246,15 @@ def translate_file(model_dir: str | Path, source: str | Path, output: str | Path
 
 
 def evaluate_translation(model_dir: str | Path, source: str | Path, reference: str | Path, *, num_beams: int = 4,
-                         max_length: int = 256) -> dict:
+                         max_length: int = 256, src_lang: str | None = None, tgt_lang: str | None = None) -> dict:
     pairs = read_parallel(source, reference)  # same checks as training data: counts, empty lines
     model, tok = load_translator(model_dir)
+    src_lang = language_ids(model, tok, src_lang, tgt_lang)[0]
     start = time.time()
-    hyps = translate(model, tok, [p[0] for p in pairs], num_beams=num_beams, max_length=max_length)
-    return {**bleu(hyps, [p[1] for p in pairs]), "sentences": len(pairs), "num_beams": num_beams,
+    hyps = translate(model, tok, [p[0] for p in pairs], num_beams=num_beams, max_length=max_length,
+                     src_lang=src_lang, tgt_lang=tgt_lang)
+    direction = {"direction": f"{src_lang}-{tgt_lang}"} if tgt_lang and src_lang else {}
+    return {**bleu(hyps, [p[1] for p in pairs]), **direction, "sentences": len(pairs), "num_beams": num_beams,
             "seconds": round(time.time() - start, 1)}
 
 
@@ -198,12 +273,15 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
                          warmup: int | None = None, lr_factor: float = 1.0, eval_every: int | None = None,
                          eval_beams: int = 1, max_eval_sentences: int | None = None, seed: int = 42,
                          log_every: int = 50, threads: int | None = None, progress: bool = True,
-                         save_every: int = 0, resume: bool = False) -> dict:
+                         save_every: int = 0, resume: bool = False,
+                         directions: str | Sequence[str] | None = None) -> dict:
     """Train an encoder-decoder from scratch (`model` = a preset name, resized by `overrides`) or
     further (`model` = a directory with a tokenizer) on a parallel corpus. The checkpoint with the best
     validation BLEU is written to `output` with its tokenizer and its scores (best.json); metrics.jsonl logs
     the run, metrics.json (returned) sums it up. With `resume` and a checkpoint in OUTPUT/checkpoints, the
-    tokenizer saved in OUTPUT is reused (the checkpoints were trained with it)."""
+    tokenizer saved in OUTPUT is reused (the checkpoints were trained with it). `directions` ("en-de,de-en",
+    between src_lang and tgt_lang) trains one multilingual model with language tokens (module docstring);
+    its validation BLEU is the mean over the directions, each also logged as bleu_SRC-TGT."""
     from ..config import PRESETS, preset
     from ..interop.files import atomic_write
     from ..interop.native import save_model  # the HF layout where the family has one (an RNN has not)
@@ -217,6 +295,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
         torch.set_num_threads(threads)
     random.seed(seed)
     torch.manual_seed(seed)
+    ways = parse_directions(directions, src_lang, tgt_lang) if directions else None
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     pairs = read_parallel(train_src, train_tgt)
@@ -228,10 +307,13 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     if model in PRESETS:
         # a resumed run keeps the vocabulary its checkpoints (and the best model kept in OUTPUT) were trained
         # with: retraining it from other options would overwrite the kept model's tokenizer
-        tok = load_tokenizer(output) if resuming else train_joint_bpe([train_src, train_tgt], vocab_size)
+        tok = load_tokenizer(output) if resuming else train_joint_bpe(
+            [train_src, train_tgt], vocab_size, extra_specials=[lang_token(c) for c in (src_lang, tgt_lang)] if ways else ())
         fields = {k: v for k, v in (overrides or {}).items() if not k.startswith("extra.")}
         cfg = preset(model, **fields)
         extra = {**cfg.extra, "src_lang": src_lang, "tgt_lang": tgt_lang}
+        if ways:
+            extra.update(languages=[src_lang, tgt_lang], directions=[f"{a}-{b}" for a, b in ways])
         if "num_layers" in fields:  # a resized stack: the decoder follows unless told otherwise
             extra["num_decoder_layers"] = fields["num_layers"]
         extra.update({k[len("extra."):]: v for k, v in (overrides or {}).items() if k.startswith("extra.")})
@@ -241,8 +323,23 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     else:
         net, tok = load_translator(model)
         cfg = net.config
-    src_rows = encode(tok, [p[0] for p in pairs], max_length, f"{train_src} sentences")
-    tgt_rows = encode(tok, [p[1] for p in pairs], max_length, f"{train_tgt} sentences")
+    if (ways or cfg.extra.get("languages")) and sorted(cfg.extra.get("languages") or []) != sorted((src_lang, tgt_lang)):
+        raise DataError(f"{model}: trained for languages {cfg.extra.get('languages') or 'none (one direction)'}, "
+                        f"not --directions between {src_lang} and {tgt_lang}")
+    if cfg.extra.get("languages") and not ways:
+        raise DataError(f"{model}: a multilingual model; name the --directions to train (e.g. "
+                        f"{src_lang}-{tgt_lang},{tgt_lang}-{src_lang})")
+    if ways:  # each direction's pairs, with its language tokens in front of both sides
+        src_rows, tgt_rows = [], []
+        side = {src_lang: (0, train_src), tgt_lang: (1, train_tgt)}
+        cut = {c: encode(tok, [p[i] for p in pairs], max_length - 1, f"{f} sentences") for c, (i, f) in side.items()}
+        for a, b in ways:
+            ida, idb = (tok.backend.token_to_id(lang_token(c)) for c in (a, b))
+            src_rows += [[ida] + r for r in cut[a]]
+            tgt_rows += [[idb] + r for r in cut[b]]
+    else:
+        src_rows = encode(tok, [p[0] for p in pairs], max_length, f"{train_src} sentences")
+        tgt_rows = encode(tok, [p[1] for p in pairs], max_length, f"{train_tgt} sentences")
     lengths = [max(len(a), len(b)) for a, b in zip(src_rows, tgt_rows)]
 
     def make(idx: list[int]) -> dict:
@@ -272,7 +369,7 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
 
     def evaluate(model) -> dict:
         scores.clear()
-        scores.update(_validate(model, tok, valid, eval_beams, max_length))
+        scores.update(_validate(model, tok, valid, eval_beams, max_length, ways, (src_lang, tgt_lang)))
         return {k: v for k, v in scores.items() if isinstance(v, (int, float))}
 
     def on_best(model, record: dict) -> None:  # best.json: the kept model's scores, for a resumed run's summary
@@ -290,8 +387,10 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
                     {k[len("eval_"):] if k.startswith("eval_") else k: v for k, v in trainer.best.items()})
     if valid is None:
         save_model(net, output)
-    summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang, "steps": trainer.step,
+    summary = {"task": "translation", "src_lang": src_lang, "tgt_lang": tgt_lang,
+               **({"directions": [f"{a}-{b}" for a, b in ways]} if ways else {}), "steps": trainer.step,
                "epochs": round(trainer.step / steps_per_epoch, 2), "train_pairs": len(pairs),
+               "train_examples": len(src_rows),
                "minutes": round((time.time() - start) / 60, 1),
                "parameters": net.num_parameters(), "vocab_size": tok.vocab_size, "max_length": max_length,
                "best": dict(best) if valid is not None else None, "config": {k: v for k, v in cfg.to_dict().items()
@@ -301,12 +400,26 @@ def finetune_translation(train_src: str | Path, train_tgt: str | Path, valid_src
     return summary
 
 
-def _validate(model, tok, valid: list[tuple[str, str]], num_beams: int, max_length: int) -> dict:
-    """BLEU of the decoded validation sources: what the kept checkpoint is chosen by."""
-    hyps = translate(model, tok, [p[0] for p in valid], num_beams=num_beams, max_length=max_length)
+def _validate(model, tok, valid: list[tuple[str, str]], num_beams: int, max_length: int,
+              ways: list[tuple[str, str]] | None = None, langs: tuple[str, str] = ("src", "tgt")) -> dict:
+    """BLEU of the decoded validation sources: what the kept checkpoint is chosen by. A multilingual model:
+    each direction's BLEU (bleu_en-de, ...) and their mean as "bleu"."""
+    if not ways:
+        hyps = translate(model, tok, [p[0] for p in valid], num_beams=num_beams, max_length=max_length)
+        model.train()
+        return bleu(hyps, [p[1] for p in valid])
+    out: dict = {}
+    for a, b in ways:
+        ia, ib = langs.index(a), langs.index(b)
+        hyps = translate(model, tok, [p[ia] for p in valid], num_beams=num_beams, max_length=max_length,
+                         src_lang=a, tgt_lang=b)
+        out[f"{a}-{b}"] = bleu(hyps, [p[ib] for p in valid])
+        out[f"bleu_{a}-{b}"] = out[f"{a}-{b}"]["bleu"]
     model.train()
-    return bleu(hyps, [p[1] for p in valid])
+    out["bleu"] = round(sum(out[f"bleu_{a}-{b}"] for a, b in ways) / len(ways), 2)
+    return out
 
 
-__all__ = ["bleu", "encode", "evaluate_translation", "finetune_translation", "inverse_sqrt_lr", "read_parallel",
-           "token_batches", "train_joint_bpe", "translate", "translate_file"]
+__all__ = ["LanguageError", "bleu", "encode", "evaluate_translation", "finetune_translation", "inverse_sqrt_lr", "lang_token",
+           "language_ids", "parse_directions", "read_parallel", "token_batches", "train_joint_bpe", "translate",
+           "translate_file"]
