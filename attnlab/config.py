@@ -83,6 +83,9 @@ class ModelConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2            # segment (token type) embeddings; 0 = none
     embedding_size: int | None = None   # ALBERT's factorized embeddings (E < H); None = hidden_size
+    # XLM's language embeddings (Lample & Conneau 2019, §3.1 and Figure 1): one vector per language added to
+    # each token's input, chosen by `langs` (B, T) in forward; 0 = none (XLM-R drops them, Conneau et al. 2020)
+    num_languages: int = 0
 
     # --- the switches of the notes
     position: str = "learned"
@@ -203,6 +206,8 @@ class ModelConfig:
                 raise bad(name, "must be a positive integer or null")
         if self.type_vocab_size < 0:
             raise bad("type_vocab_size", "must be a non-negative integer")
+        if self.num_languages < 0:
+            raise bad("num_languages", "must be a non-negative integer (0 = no language embeddings)")
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"config: num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
         if self.num_heads % self.kv_heads:
