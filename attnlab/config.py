@@ -355,6 +355,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
                          norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
                          extra={"position_offset": 2}),
+    # XLM-R base (Conneau et al. 2020, Table 7): RoBERTa-base with a 250k SentencePiece vocabulary, no
+    # language embeddings (the language is told by the text alone).
+    "xlm-roberta-base": dict(model_type="xlm-roberta", vocab_size=250002, max_position_embeddings=514,
+                             type_vocab_size=1, norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                             extra={"position_offset": 2, "head_activation": "gelu"}),
+    # XLM MLM en-fr (Lample & Conneau 2019, §5.1: 1024 units, 8 heads, 6 layers, GELU): post-LN, learned positions,
+    # two language embeddings, a shared 64k BPE vocabulary, an LM head without transform (tied projection + bias).
+    "xlm-mlm-enfr-1024": dict(model_type="xlm", vocab_size=64139, hidden_size=1024, num_layers=6, num_heads=8,
+                              intermediate_size=4096, type_vocab_size=0, num_languages=2, pooler=False,
+                              pad_token_id=2, bos_token_id=0, eos_token_id=1,
+                              extra={"head_transform": False, "n_langs": 2}),
     # ALBERT-base (Lan et al. 2020, Table 1): E=128 factorized embeddings, all 12 layers share one block.
     "albert-base": dict(model_type="albert", vocab_size=30000, embedding_size=128, activation="gelu_tanh",
                         share_layers=True, dropout=0.0, attention_dropout=0.0),

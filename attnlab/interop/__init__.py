@@ -17,6 +17,7 @@ from . import albert, distilbert, electra, modernbert, roberta  # noqa: F401  (t
 from . import t5  # noqa: F401  (T5 and the original Transformer, issue 8)
 from . import bart  # noqa: F401  (BART, issue 23)
 from . import deberta  # noqa: F401  (DeBERTa-v2/v3, issue 23)
+from . import xlm  # noqa: F401  (XLM with language embeddings, issue 23; XLM-R registers in roberta.py)
 from . import ctrl, gpt_neo, gpt_neox, openai_gpt  # noqa: F401  (CTRL, GPT-1, GPT-Neo, GPT-NeoX, issue 27)
 from . import mistral, mixtral  # noqa: F401  (sliding window, mixture of experts; issue 24)
 from . import longformer  # noqa: F401  (sliding window + global tokens, issue 24)
