@@ -74,7 +74,7 @@ class _WithBackbone(Model):
     def _run_backbone(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                       inputs_embeds=None, output_attentions=False, output_hidden_states=False,
                       langs=None) -> ModelOutput:
-        extra = {"langs": langs} if langs is not None else {}  # only XLM-style backbones take language ids
+        extra = {"langs": langs} if langs is not None else {}  # only when given: another backbone need not take it
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                              position_ids=position_ids, inputs_embeds=inputs_embeds,
                              output_attentions=output_attentions, output_hidden_states=output_hidden_states, **extra)
