@@ -9,8 +9,10 @@ then embeds the 1,014 validation pairs (mean of the last hidden states over real
 and counts how often the nearest sentence by cosine in the other language is the translation (accuracy @1,
 en->de and de->en). The step-0 model is scored too: the floor that shared sub-words give before training.
 
-    OMP_NUM_THREADS=1 nice -n 10 python experiments/xlm/retrieval.py --objective mlm --steps 2000 --out /work/runs/xlm
-    OMP_NUM_THREADS=1 nice -n 10 python experiments/xlm/retrieval.py --objective mlm+tlm --steps 2000 --out /work/runs/xlm
+    export OMP_NUM_THREADS=1
+    nice -n 10 python experiments/xlm/retrieval.py --objective mlm --out /work/runs/xlm/main
+    nice -n 10 python experiments/xlm/retrieval.py --objective mlm+tlm --out /work/runs/xlm/main
+(defaults: 2000 steps of 32 pairs, 2 layers x 128, 2 heads, 10k WordPiece, eval every 500 steps; RESULTS.md)
 
 Writes OUT/OBJECTIVE/{metrics.jsonl, result.json} (and the tokenizer once in OUT/tokenizer); prints the result.
 """
@@ -136,7 +138,8 @@ def main(argv=None) -> dict:
     run = args.out / args.objective.replace("+", "_")
     start = {"step": 0, **retrieval(model, val_en, val_de, pad_id)}
     print(json.dumps(start), flush=True)
-    data = batches(train_en, train_de, args.objective, args.pairs_per_step, Vocab.from_tokenizer(tok), args.seed, pad_id)
+    vocab = Vocab.from_tokenizer(tok)
+    data = batches(train_en, train_de, args.objective, args.pairs_per_step, vocab, args.seed, pad_id)
     targs = TrainArgs(output_dir=str(run), max_steps=args.steps, lr=args.lr, warmup_steps=args.steps // 20,
                       schedule="linear", eval_every=args.eval_every, keep_last=0, log_every=50, seed=args.seed,
                       progress=False, device="cpu")
