@@ -84,6 +84,9 @@ class ModelConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2            # segment (token type) embeddings; 0 = none
     embedding_size: int | None = None   # ALBERT's factorized embeddings (E < H); None = hidden_size
+    # XLM's language embeddings (Lample & Conneau 2019, §3.1 and Figure 1): one vector per language added to
+    # each token's input, chosen by `langs` (B, T) in forward; 0 = none (XLM-R drops them, Conneau et al. 2020)
+    num_languages: int = 0
 
     # --- the switches of the notes
     position: str = "learned"
@@ -219,6 +222,8 @@ class ModelConfig:
                 raise bad(name, "must be a positive integer or null")
         if self.type_vocab_size < 0:
             raise bad("type_vocab_size", "must be a non-negative integer")
+        if self.num_languages < 0:
+            raise bad("num_languages", "must be a non-negative integer (0 = no language embeddings)")
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"config: num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}")
         if self.num_heads % self.kv_heads:
@@ -373,6 +378,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
                          norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
                          extra={"position_offset": 2}),
+    # XLM-R base (Conneau et al. 2020, Table 7): RoBERTa-base with a 250k SentencePiece vocabulary, no
+    # language embeddings (the language is told by the text alone).
+    "xlm-roberta-base": dict(model_type="xlm-roberta", vocab_size=250002, max_position_embeddings=514,
+                             type_vocab_size=1, norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                             extra={"position_offset": 2, "head_activation": "gelu"}),
+    # XLM MLM en-fr (Lample & Conneau 2019, §5.1: 1024 units, 8 heads, 6 layers, GELU): post-LN, learned positions,
+    # two language embeddings, a shared 64k BPE vocabulary, an LM head without transform (tied projection + bias).
+    "xlm-mlm-enfr-1024": dict(model_type="xlm", vocab_size=64139, hidden_size=1024, num_layers=6, num_heads=8,
+                              intermediate_size=4096, type_vocab_size=0, num_languages=2, pooler=False,
+                              pad_token_id=2, bos_token_id=0, eos_token_id=1,
+                              extra={"head_transform": False, "n_langs": 2}),
     # ALBERT-base (Lan et al. 2020, Table 1): E=128 factorized embeddings, all 12 layers share one block.
     "albert-base": dict(model_type="albert", vocab_size=30000, embedding_size=128, activation="gelu_tanh",
                         share_layers=True, dropout=0.0, attention_dropout=0.0),

@@ -25,16 +25,21 @@ class MLMHead(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         e = config.emb_size  # ALBERT predicts in the factorized embedding space
-        self.dense = nn.Linear(config.hidden_size, e, bias=config.bias)  # ModernBERT's head is bias-free too
-        # RoBERTa, ELECTRA and ModernBERT fix the head's activation apart from the blocks' (extra.head_activation)
-        self.act = activation_fn(config.extra.get("head_activation")
-                                 or (config.activation if not config.is_glu else "gelu"))
-        self.norm = make_norm(config, e)
+        # XLM's prediction layer has no transform, only the tied projection and its bias (extra.head_transform)
+        self.transform = config.extra.get("head_transform", True)
+        if self.transform:
+            self.dense = nn.Linear(config.hidden_size, e, bias=config.bias)  # ModernBERT's head is bias-free too
+            # RoBERTa, ELECTRA and ModernBERT fix the head's activation apart from the blocks' (extra.head_activation)
+            self.act = activation_fn(config.extra.get("head_activation")
+                                     or (config.activation if not config.is_glu else "gelu"))
+            self.norm = make_norm(config, e)
         self.decoder = nn.Linear(e, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.norm(self.act(self.dense(hidden)))) + self.bias
+        if self.transform:
+            hidden = self.norm(self.act(self.dense(hidden)))
+        return self.decoder(hidden) + self.bias
 
 
 class NSPHead(nn.Module):
@@ -67,10 +72,12 @@ class _WithBackbone(Model):
         return cls.uses_pooler
 
     def _run_backbone(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                      inputs_embeds=None, output_attentions=False, output_hidden_states=False) -> ModelOutput:
+                      inputs_embeds=None, output_attentions=False, output_hidden_states=False,
+                      langs=None) -> ModelOutput:
+        extra = {"langs": langs} if langs is not None else {}  # only when given: another backbone need not take it
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                              position_ids=position_ids, inputs_embeds=inputs_embeds,
-                             output_attentions=output_attentions, output_hidden_states=output_hidden_states)
+                             output_attentions=output_attentions, output_hidden_states=output_hidden_states, **extra)
 
 
 class MaskedLM(_WithBackbone):
@@ -89,12 +96,14 @@ class MaskedLM(_WithBackbone):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                 inputs_embeds=None, labels: torch.Tensor | None = None, output_attentions=False,
-                output_hidden_states=False, masked_positions: torch.Tensor | None = None) -> ModelOutput:
+                output_hidden_states=False, masked_positions: torch.Tensor | None = None,
+                langs: torch.Tensor | None = None) -> ModelOutput:
         """masked_positions (bool, batch x seq): sparse prediction. Only those positions go through the
         head, so `logits` is (n_selected, vocab) and (batch, seq) labels are gathered the same way. The
-        vocab projection is the largest matmul of a small model; pretraining predicts ~15% of tokens."""
+        vocab projection is the largest matmul of a small model; pretraining predicts ~15% of tokens.
+        langs (batch x seq): language ids for a backbone with language embeddings (XLM, TLM)."""
         out = self._run_backbone(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                 output_attentions, output_hidden_states)
+                                 output_attentions, output_hidden_states, langs)
         hidden = out.last_hidden_state
         if masked_positions is not None:
             hidden = hidden[masked_positions]

@@ -350,10 +350,29 @@ def text_to_text() -> None:
     print("(40 sentences teach a random T5 the answer format, not sentiment: see the README for SST-2 runs)")
 
 
+def xlm_tlm() -> None:
+    import attnlab
+    from attnlab.interop.local import resolve
+    from attnlab.objectives.mlm import Vocab
+    from attnlab.objectives.tlm import tlm_collate
+    section("18. XLM's translation language modelling: a sentence and its translation in one input, masks on both "
+            "sides, positions restarting at the second sentence, a language id per token")
+    tok = attnlab.load_tokenizer(resolve(MINILM))
+    en, de = "A dog runs across the grass.", "Ein Hund rennt über das Gras."
+    batch = tlm_collate([(tok.encode(en), tok.encode(de))], (0, 1), Vocab.from_tokenizer(tok),
+                        np.random.default_rng(3), prob=0.25, swap=False)
+    tokens = tok.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+    for name, row in (("token", tokens), ("position", batch["position_ids"][0].tolist()),
+                      ("language", batch["langs"][0].tolist()),
+                      ("predict", [tok.convert_ids_to_tokens(x) if x >= 0 else "" for x in batch["labels"][0].tolist()])):
+        print(f"  {name:<9}" + " ".join(f"{str(x):>7}" for x in row))
+    print("  MLM vs MLM+TLM on Multi30k, scored by cross-lingual retrieval: experiments/xlm/RESULTS.md")
+
+
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, pretrain_char_gpt,
             finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
             denoise_bart, long_attention, claims_as_experiments, prompting_reasoning, retrieval,
-            distill_narrow_student, deberta_rtd, xlnet_plm, text_to_text]
+            distill_narrow_student, deberta_rtd, xlnet_plm, xlm_tlm, text_to_text]
 
 
 def main() -> int:

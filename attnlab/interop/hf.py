@@ -109,7 +109,8 @@ def load_hf_state_dict(model: Model, sd: dict[str, torch.Tensor], family: Family
         if dropped:
             warnings.warn(f"{source}: loading the backbone only; ignored {len(dropped)} head tensors "
                           f"({', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})", stacklevel=3)
-    ignore = {i for i in family.ignore} | {family.backbone_prefix + i for i in family.ignore}
+    names = family.ignore(model.config) if callable(family.ignore) else family.ignore
+    ignore = set(names) | {family.backbone_prefix + i for i in names}
     sd = {k: v for k, v in sd.items() if k not in ignore}
     expected = model.state_dict()
     ours, unmatched = table.from_hf(sd)
@@ -163,7 +164,8 @@ def _architecture(cfg: ModelConfig) -> dict[str, Any]:
                norm=cfg.norm, norm_placement=cfg.norm_placement, activation=cfg.activation, bias=cfg.bias,
                causal=cfg.causal, sliding_window=cfg.sliding_window, attention_scale=cfg.attention_scale,
                embedding_norm=cfg.embedding_norm, final_norm=cfg.has_final_norm,
-               tie_word_embeddings=cfg.tie_word_embeddings, norm_eps=cfg.norm_eps,
+               tie_word_embeddings=cfg.tie_word_embeddings, norm_eps=cfg.norm_eps, num_languages=cfg.num_languages,
+               head_transform=cfg.extra.get("head_transform", True),
                share_layers=getattr(cfg, "share_layers", False), qkv_bias=cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias,
                parallel_residual=cfg.parallel_residual, global_every=cfg.extra.get("global_every"),
                classifier_pooling=cfg.classifier_pooling,  # a mean-pooling head would load as [CLS] + pooler

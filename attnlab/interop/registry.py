@@ -28,7 +28,8 @@ class Family:
     backbone_prefix: str                         # where HF head models keep the backbone ("bert.")
     architectures: dict[str, tuple[type, list[Row]]] = field(default_factory=dict)  # name -> (class, head rows)
     default_architecture: str = ""
-    ignore: tuple[str, ...] = ()                 # HF keys that carry no weights we need (buffers)
+    # HF keys that carry no weights we need (buffers); a function of the config if that decides (XLM's sinusoids)
+    ignore: tuple[str, ...] | Callable[[ModelConfig], tuple[str, ...]] = ()
     # HF keys with no counterpart here that may be absent from a checkpoint yet must be present in a save
     # for transformers to load it cleanly are produced by this hook
     extra_save: Callable[[Model, dict], None] | None = None

@@ -7,6 +7,10 @@ the weights' meaning rather than their shape:
   (hence 514 position rows for 512 tokens); `config.extra["position_offset"]` makes the Encoder do this;
 - one token type (type_vocab_size=1), as there are no sentence pairs to tell apart without NSP.
 The MLM head is BERT's with other names (`lm_head.*`), its activation fixed to GELU.
+
+XLM-R (Conneau et al. 2020, §3) is this very architecture trained on 100 languages with a 250k SentencePiece
+vocabulary and no language embeddings, so the `xlm-roberta` model type is the same family under another name
+(XLMRobertaModel / XLMRobertaForMaskedLM, still under the `roberta.` prefix).
 """
 from __future__ import annotations
 
@@ -18,13 +22,13 @@ from .registry import Family, Row, config_from_mapping, hf_activation, register
 OURS_ONLY = ("position_offset", "head_activation")
 
 
-def roberta_config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
+def roberta_config_from_hf(hf: dict, source: str = "config.json", model_type: str = "roberta") -> ModelConfig:
     pos = hf.get("position_embedding_type", "absolute")
     if pos != "absolute":
         raise ConfigError(f"{source}: position_embedding_type={pos!r} is not supported (only 'absolute')")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise ConfigError(f"{source}: RoBERTa as a decoder (is_decoder/add_cross_attention) is not supported")
-    fixed = dict(model_type="roberta", activation=hf_activation(hf.get("hidden_act", "gelu"), source),
+    fixed = dict(model_type=model_type, activation=hf_activation(hf.get("hidden_act", "gelu"), source),
                  tie_word_embeddings=hf.get("tie_word_embeddings", True), pad_token_id=1,
                  bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"))
     cfg = config_from_mapping(hf, source, BERT_RENAMES, fixed,
@@ -40,7 +44,7 @@ def roberta_config_to_hf(cfg: ModelConfig) -> dict:
     out = bert_config_to_hf(cfg)
     for key in OURS_ONLY:
         out.pop(key, None)
-    out.update(model_type="roberta", bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
+    out.update(model_type=cfg.model_type, bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
     return out
 
 
@@ -52,16 +56,18 @@ ROBERTA_MLM: list[Row] = [
 ]
 
 
-def _family() -> Family:
+def _family(model_type: str, name: str) -> Family:
     from ..heads import MaskedLM
     from ..models.encoder import Encoder
     return Family(
-        model_type="roberta", config_from_hf=roberta_config_from_hf, config_to_hf=roberta_config_to_hf,
+        model_type=model_type, config_to_hf=roberta_config_to_hf,
+        config_from_hf=lambda hf, source="config.json": roberta_config_from_hf(hf, source, model_type),
         backbone_rows=BERT_BACKBONE, backbone_prefix="roberta.",
-        architectures={"RobertaModel": (Encoder, []), "RobertaForMaskedLM": (MaskedLM, ROBERTA_MLM)},
-        default_architecture="RobertaModel",
+        architectures={f"{name}Model": (Encoder, []), f"{name}ForMaskedLM": (MaskedLM, ROBERTA_MLM)},
+        default_architecture=f"{name}Model",
         # the decoder's bias is the same tensor as lm_head.bias
         ignore=("embeddings.position_ids", "embeddings.token_type_ids", "lm_head.decoder.bias"))
 
 
-register(_family())
+register(_family("roberta", "Roberta"))
+register(_family("xlm-roberta", "XLMRoberta"))

@@ -111,14 +111,27 @@ class Encoder(Model):
                 raise ValueError(f"token_type_ids must lie in [0, {self.config.type_vocab_size}), "
                                  f"got {int(token_type_ids.max())}")
 
+    def _check_langs(self, langs: torch.Tensor | None, ref: torch.Tensor) -> None:
+        if langs is None:
+            return
+        n = self.config.num_languages
+        if n == 0:
+            raise ValueError("langs given, but this model has no language embeddings (config num_languages=0)")
+        if langs.shape != ref.shape:
+            raise ValueError(f"langs has shape {tuple(langs.shape)} but input_ids has {tuple(ref.shape)}")
+        if not torch.compiler.is_compiling() and langs.numel() and (int(langs.min()) < 0 or int(langs.max()) >= n):
+            raise ValueError(f"langs must lie in [0, {n}) (config num_languages={n}), got {int(langs.max())}")
+
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
                 output_attentions: bool = False, output_hidden_states: bool = False,
                 unpad: bool | None = None, document_ids: torch.Tensor | None = None,
                 global_attention_mask: torch.Tensor | None = None, mems=None, perm_mask: torch.Tensor | None = None,
-                target_mapping: torch.Tensor | None = None, use_mems: bool | None = None) -> ModelOutput:
-        """`document_ids` (B, T): a packed batch's document of each token; attention stays inside a document
+                target_mapping: torch.Tensor | None = None, use_mems: bool | None = None,
+                langs: torch.Tensor | None = None) -> ModelOutput:
+        """`langs` (B, T): each token's language id for the language embeddings (XLM; config.num_languages).
+        `document_ids` (B, T): a packed batch's document of each token; attention stays inside a document
         (pass `position_ids` that restart at each document too). `unpad`: with padding and nothing cached yet, run every linear layer on the real tokens only (see
         attnlab.nn.varlen); outputs are re-padded with zeros at padding positions. True: whenever there is
         padding; False: never; None (default): if `self.unpad` and padding is at least `unpad_min_padding`
@@ -132,6 +145,7 @@ class Encoder(Model):
             raise ValueError("mems, perm_mask and target_mapping are XLNet's inputs: they need position: relative_xl")
         offset = past_key_values.get_seq_length() if past_key_values is not None else 0
         self._check_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds, offset)
+        self._check_langs(langs, input_ids if input_ids is not None else inputs_embeds[..., 0])
         cfg = self.config
         b, t = (input_ids if input_ids is not None else inputs_embeds[..., 0]).shape
         device = (input_ids if input_ids is not None else inputs_embeds).device
@@ -150,9 +164,10 @@ class Encoder(Model):
         if unpad and attention_mask is not None and offset == 0 and not bool(attention_mask.all()):
             varlen = Varlen.from_mask(attention_mask)
             gather = lambda t_: varlen.unpad(t_) if t_ is not None else None  # noqa: E731
-            x = self.embeddings(gather(input_ids), gather(token_type_ids), gather(position_ids), gather(inputs_embeds))
+            x = self.embeddings(gather(input_ids), gather(token_type_ids), gather(position_ids), gather(inputs_embeds),
+                                gather(langs))
         else:
-            x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+            x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds, langs)
         repad = varlen.pad if varlen is not None else (lambda t_: t_)
 
         mask = AttentionMask.build(attention_mask, t, offset + t, causal=cfg.causal, query_offset=offset,

@@ -1,5 +1,5 @@
 """Input embeddings: token + absolute position + segment, then LayerNorm and dropout (BERT, §3.2 and
-Figure 2). RoPE and relative-bias models add no position vector here; ALBERT factorizes the token
+Figure 2), plus XLM's language embedding when the config has languages (Lample & Conneau 2019, §3.1). RoPE and relative-bias models add no position vector here; ALBERT factorizes the token
 embedding (size E) and projects it up to the hidden size H (Lan et al. 2020, §3.1)."""
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class Embeddings(nn.Module):
         else:
             self.sinusoid = None
         self.seg = nn.Embedding(config.type_vocab_size, e) if config.type_vocab_size > 0 else None
+        self.lang = nn.Embedding(config.num_languages, e) if config.num_languages > 0 else None
         self.norm = make_norm(config, e) if config.embedding_norm else None
         self.dropout = nn.Dropout(config.dropout)
         self.project = nn.Linear(e, config.hidden_size) if e != config.hidden_size else None
@@ -31,7 +32,8 @@ class Embeddings(nn.Module):
         self.scale = float(e) ** 0.5 if config.scale_embeddings else None
 
     def forward(self, input_ids: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                langs: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tok(input_ids) if inputs_embeds is None else inputs_embeds
         if self.scale is not None and inputs_embeds is None:
             # Vaswani et al. 2017, §3.4: embeddings times sqrt(d_model), so that they are not drowned by
@@ -48,6 +50,8 @@ class Embeddings(nn.Module):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(x[..., 0], dtype=torch.long)
             x = x + self.seg(token_type_ids)
+        if self.lang is not None and langs is not None:  # no langs: none added, as transformers' XLM
+            x = x + self.lang(langs)
         if self.norm is not None:
             x = self.norm(x)
         x = self.dropout(x)

@@ -165,7 +165,9 @@ def mlm_loss(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]
     Returns (loss, sums) where sums feed the evaluation metrics."""
     labels = batch["labels"]
     sparse = batch.get("masked_positions")
-    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    # position_ids / langs: TLM's reset positions and language ids (objectives/tlm.py)
+    inputs = {k: v for k, v in batch.items()
+              if k in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "langs")}
     out = model(**inputs, masked_positions=sparse) if sparse is not None else model(**inputs)
     target = labels[sparse] if sparse is not None else labels.flatten()
     logits = out.logits.reshape(-1, out.logits.size(-1)).float()

@@ -47,7 +47,7 @@ def _factorized(backbone: nn.Module) -> str:
     if getattr(emb, "project", None) is None:
         return ""
     e, h = emb.project.in_features, emb.project.out_features
-    rows = sum(m.num_embeddings for m in (emb.tok, emb.pos, emb.seg) if m is not None)
+    rows = sum(m.num_embeddings for m in (emb.tok, emb.pos, emb.seg, getattr(emb, "lang", None)) if m is not None)
     norm = count(emb.norm) // e if emb.norm is not None else 0  # LayerNorm vectors of size E (1 or 2)
     saving = (rows + norm) * (h - e) - count(emb.project)
     return f" (factorized E={e} → H={h}, saving {saving:,})"
@@ -271,7 +271,7 @@ def describe(model: nn.Module, seq_len: int = 128, title: str = "", walkthrough:
     for key, default in (("attention_scale", None), ("qkv_bias", None), ("rotary_fraction", 1.0),
                          ("parallel_residual", False), ("disentangled_attention", []), ("position_buckets", 0),
                          ("max_relative_positions", None), ("share_att_key", False), ("relative_segments", False),
-                         ("mem_len", None), ("reuse_len", None)):  # shown only where set
+                         ("mem_len", None), ("reuse_len", None), ("num_languages", 0)):  # shown only where set
         if getattr(cfg, key) != default:
             lines.append(f"  {key:<24} {getattr(cfg, key)}")
     lines.append("parameters per component:")
