@@ -266,9 +266,13 @@ def test_finetune_refuses_a_training_file_too_small_to_hold_out_from(data_dir, t
     # since the 10% validation cap (issue #21) only a one-example file is too small to hold anything out
     train = _sst2_head(data_dir, 1, tmp_path / "train.tsv")
     assert main(["finetune", "sst2", "--model", "minilm", "--output", str(tmp_path / "o"), "--train", str(train),
-                 "--no-progress"]) == 1
+                 "--epochs", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "1 examples, too few to hold 1 out" in err and str(train) in err
+    # with no flags the few-label rule (SetFit, nothing held out) takes it, and says why it cannot
+    assert main(["finetune", "sst2", "--model", "minilm", "--output", str(tmp_path / "o"), "--train", str(train),
+                 "--no-progress"]) == 1
+    assert "SetFit pairs need at least two labels; the training examples have 1" in capsys.readouterr().err
 
 
 def test_finetune_an_electra_discriminator_on_sst2(data_dir, tmp_path, capsys):
