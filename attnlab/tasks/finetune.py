@@ -103,11 +103,14 @@ def evaluate_examples(task: Task, model, tokenizer, examples: list[dict], max_le
     return task.score(examples, predictions), predictions
 
 
-def read_splits(task: Task, train_file=None, valid_file=None, holdout: int | None = None,
+def read_splits(task: Task, train_file=None, valid_file=None, holdout=None,
                 max_train_samples: int | None = None, max_eval_samples: int | None = None, seed: int = 42):
-    """(train path, train, validation examples, their description, a stderr note); see `holdout_size`."""
+    """(train path, train, validation examples, their description, a stderr note); see `holdout_size`.
+    `holdout` may be a function of the training file's example count (the few-label rule decides on it)."""
     train_path, valid_path = resolve_files(task, train_file, valid_file)
     train_ex = _read_many(task, train_path)
+    if callable(holdout):
+        holdout = holdout(len(train_ex))
     if valid_path is None and holdout == 0:  # nothing held out (the few-label rule; the caller says why)
         valid_ex, valid_desc, valid_note = [], None, "nothing held out"
     elif valid_path is None:
@@ -207,12 +210,15 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     st_pooling = sentence_pooling(model)  # SetFit's ground, and the pooling the checkpoint was trained for
     eligible = (setfit_ok and st_pooling is not None and setfit_steps is None and not epochs_given
                 and valid_file is None and holdout is None and not resume)
-    splits = read_splits(task, train_file, valid_file, 0 if eligible else holdout, max_train_samples,
-                         max_eval_samples, seed)
-    rule_steps, setfit_why = default_setfit_steps(len(splits[1]), eligible)
-    if eligible and not rule_steps:  # past the threshold: the usual hold-out
-        splits = read_splits(task, train_file, valid_file, holdout, max_train_samples, max_eval_samples, seed)
-    train_path, train_ex, valid_ex, valid_desc, valid_note = splits
+    rule = [0, ""]  # (SetFit steps, why), decided on the file's size before anything is held out
+
+    def rule_holdout(n_file: int) -> int | None:
+        rule[:] = default_setfit_steps(min(n_file, max_train_samples or n_file), eligible)
+        return 0 if rule[0] else holdout
+
+    train_path, train_ex, valid_ex, valid_desc, valid_note = read_splits(
+        task, train_file, valid_file, rule_holdout, max_train_samples, max_eval_samples, seed)
+    rule_steps, setfit_why = rule
     setfit_rule = rule_steps > 0
     if setfit_rule:
         setfit_steps, setfit_pairs, epochs = rule_steps, "all", 0
