@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         kind = "" if isinstance(err, (OSError, ValueError)) else f"{type(err).__name__}: "
         message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())  # exactly one line
         print(f"attnlab {args.command}: error: {kind}{message}", file=sys.stderr)
-        return 1
+        return getattr(err, "exit_status", 1)  # usage errors (a bad direction, unscorable text) say 2
 
 
 if __name__ == "__main__":

@@ -52,14 +52,10 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "translation":  # sacreBLEU on detokenized output
         if not args.source or not args.reference:
             raise ValueError("evaluate translation: --source and --reference are required")
-        from ..tasks.translation import LanguageError, evaluate_translation
-        try:
-            print(json.dumps(evaluate_translation(args.model, args.source, args.reference, num_beams=args.num_beams,
-                                                  max_length=args.max_length or 256, src_lang=args.source_lang,
-                                                  tgt_lang=args.target_lang)))
-        except LanguageError as err:  # a usage error: one line, status 2
-            print(f"attnlab evaluate: error: {err}", file=sys.stderr)
-            return 2
+        from ..tasks.translation import evaluate_translation  # LanguageError: a usage error, status 2
+        print(json.dumps(evaluate_translation(args.model, args.source, args.reference, num_beams=args.num_beams,
+                                              max_length=args.max_length or 256, src_lang=args.source_lang,
+                                              tgt_lang=args.target_lang)))
         return 0
     if not args.data:
         raise ValueError(f"evaluate {args.task}: --data is required")
@@ -75,18 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_lm(args: argparse.Namespace) -> int:
-    from ..tasks.lm import LMInputError, evaluate_lm
+    from ..tasks.lm import evaluate_lm  # LMInputError (text it cannot score): status 2, like a usage error
     if not args.data:
         raise ValueError("evaluate lm: --data is required (a UTF-8 text file)")
-    try:
-        result = evaluate_lm(args.model, args.data, context=args.context, stride=args.stride,
-                             batch_size=args.batch_size, convention=args.convention, progress=True,
-                             dtype=args.dtype, dequantize=args.dequantize,
-                             note=lambda line: print(line, file=sys.stderr))
-    except LMInputError as err:  # input the evaluation cannot score: status 2, like argparse's usage errors
-        if args.debug:
-            raise
-        print(f"attnlab evaluate: error: {err}", file=sys.stderr)
-        return 2
+    result = evaluate_lm(args.model, args.data, context=args.context, stride=args.stride,
+                         batch_size=args.batch_size, convention=args.convention, progress=True,
+                         dtype=args.dtype, dequantize=args.dequantize, note=lambda line: print(line, file=sys.stderr))
     print(json.dumps(result))
     return 0

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 NAME = "finetune"
 HELP = "fine-tune on a task (GLUE, CoNLL-2003, SQuAD); writes the model and metrics.json"
@@ -163,19 +162,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _text_to_text(args: argparse.Namespace) -> int:
-    from ..tasks.text_to_text import TextToTextError, finetune_text_to_text
-    try:
-        summary = finetune_text_to_text(
-            args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
-            overrides=_overrides(args.set), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size or 32,
-            max_length=args.max_length or 128, max_minutes=args.max_minutes, max_train_samples=args.max_train_samples,
-            max_eval_samples=args.max_eval_samples, seed=args.seed, vocab_size=args.vocab_size,
-            eval_every=args.eval_every, patience=args.patience, progress=args.progress)
-    except TextToTextError as err:  # a task or model text-to-text does not take: status 2, like a usage error
-        if args.debug:
-            raise
-        print(f"attnlab finetune: error: {err}", file=sys.stderr)
-        return 2
+    from ..tasks.text_to_text import finetune_text_to_text
+    # a task or model text-to-text does not take raises TextToTextError: status 2 (cli.main), like a usage error
+    summary = finetune_text_to_text(
+        args.task, args.model, args.output, train_file=args.train, valid_file=args.valid,
+        overrides=_overrides(args.set), epochs=args.epochs, lr=args.lr, batch_size=args.batch_size or 32,
+        max_length=args.max_length or 128, max_minutes=args.max_minutes, max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples, seed=args.seed, vocab_size=args.vocab_size,
+        eval_every=args.eval_every, patience=args.patience, progress=args.progress)
     print(json.dumps(summary))
     return 0
 
@@ -193,13 +187,9 @@ def _translation(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("train-src", "train-tgt", "valid-src", "valid-tgt") if not getattr(args, n.replace("-", "_"))]
     if missing:
         raise ValueError(f"finetune translation: {', '.join(missing)} required")
-    if args.directions:  # a bad direction is a usage error: one line, status 2, before any work
-        from ..tasks.translation import LanguageError, parse_directions
-        try:
-            parse_directions(args.directions, args.src_lang or "", args.tgt_lang or "")
-        except LanguageError as err:
-            print(f"attnlab finetune: error: {err}", file=sys.stderr)
-            return 2
+    if args.directions:  # a bad direction is a usage error (LanguageError: status 2), before any work
+        from ..tasks.translation import parse_directions
+        parse_directions(args.directions, args.src_lang or "", args.tgt_lang or "")
     overrides = _overrides(args.set)
     summary = finetune_translation(args.train_src, args.train_tgt, args.valid_src, args.valid_tgt, args.output,
                                    src_lang=args.src_lang or "src", tgt_lang=args.tgt_lang or "tgt",

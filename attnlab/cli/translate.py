@@ -28,15 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import warnings
-    from ..tasks.translation import LanguageError, translate_file
+    from ..tasks.translation import translate_file  # LanguageError: a usage error, status 2 (cli.main)
     with warnings.catch_warnings(record=True) as caught:  # each warning (truncation, empty lines) as one line
         warnings.simplefilter("always")
-        try:
-            n = translate_file(args.model, args.input, args.output, num_beams=args.num_beams,
-                               max_length=args.max_length, src_lang=args.source_lang, tgt_lang=args.target_lang)
-        except LanguageError as err:  # a usage error: one line, status 2
-            print(f"attnlab translate: error: {err}", file=sys.stderr)
-            return 2
+        n = translate_file(args.model, args.input, args.output, num_beams=args.num_beams,
+                           max_length=args.max_length, src_lang=args.source_lang, tgt_lang=args.target_lang)
     for w in caught:
         print(f"attnlab translate: warning: {w.message}", file=sys.stderr)
     print(f"translated {n} lines into {args.output}", file=sys.stderr)

@@ -55,6 +55,7 @@ _LOGIT_ROWS = 64  # positions projected onto the vocabulary at a time: 64 x 49,1
 class LMInputError(ValueError):
     """Input the evaluation cannot score (empty text, bad UTF-8, too few tokens, bad window sizes, no LM
     head). The CLI reports it on one line with exit status 2."""
+    exit_status = 2
 
 
 @dataclass(frozen=True)

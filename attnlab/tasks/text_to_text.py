@@ -46,6 +46,7 @@ FORMATS: dict[str, tuple[str, tuple[str, ...], dict[str, str] | None]] = {
 }
 class TextToTextError(ValueError):
     """A task without a text-to-text format, or a model that is no encoder-decoder: the CLI exits with 2."""
+    exit_status = 2
 
 
 UNKNOWN_SCORE = -1.0   # an STS-B string that is no number in [0, 5] (T5's string_to_float default)

@@ -66,6 +66,7 @@ def read_parallel(src: str | Path, tgt: str | Path) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------------- vocabulary
 class LanguageError(DataError):
     """A direction or language the model or the data does not have: a usage error (the CLI exits with 2)."""
+    exit_status = 2
 
 
 def lang_token(code: str) -> str:
