@@ -216,3 +216,30 @@ def test_few_labels_on_a_sentence_transformer_get_setfit_with_no_holdout_and_mor
                  "--max-length", "32", "--epochs", "0.1", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["setfit_steps"] == 0 and summary["valid_examples"] == 60 and summary["pooling"] == "mean"
+
+
+def test_a_few_labels_drawn_from_a_large_file_keep_its_validation_part(tiny, data_dir, tmp_path, monkeypatch,
+                                                                        capsys):
+    # `attnlab curve` draws 100 labels from SST-2's whole train.tsv (max_train_samples): the SetFit rule
+    # applies by the 100, but holding out costs no labeled example there, so the 872 held-out sentences stay
+    # and score the model (an unscored run broke the curve). A file too small to spare them holds nothing out.
+    import shutil
+    from attnlab.tasks import defaults
+    from attnlab.tasks.curve import ModelSpec, learning_curve
+    monkeypatch.setattr(defaults, "SETFIT_STEPS", 2)  # the rule's path, not its length
+    st = tmp_path / "st"
+    shutil.copytree(tiny, st)
+    _sentence_transformer(st)
+    curve = learning_curve("sst2", [ModelSpec(str(st))], [20], tmp_path / "curve", max_length=32)
+    (run,) = curve["runs"]
+    assert (run["train_examples"], run["valid_examples"]) == (20, 872) and run["value"] is not None
+    (metrics,) = (tmp_path / "curve" / "runs").glob("*/metrics.json")
+    summary = json.loads(metrics.read_text())
+    assert summary["setfit_steps"] == 2 and summary["steps"] == 0
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text().splitlines()
+    small = tmp_path / "small.tsv"
+    small.write_text("\n".join(lines[:41]) + "\n")
+    assert main(["finetune", "sst2", "--model", str(st), "--train", str(small), "--output", str(tmp_path / "s"),
+                 "--max-train-samples", "39", "--max-length", "32", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)  # 40 examples cannot spare 4 and still give 39: nothing held out
+    assert (summary["train_examples"], summary["valid_examples"], summary["setfit_steps"]) == (39, 0, 2)
