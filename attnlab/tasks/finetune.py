@@ -218,8 +218,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
             return holdout
         # Nothing held out only when holding out would cost labeled examples: a subset of a larger file
         # (max_train_samples, as `attnlab curve` draws) still leaves the usual validation part to score on.
-        spare = n_file - (holdout if holdout is not None else holdout_size(n_file, DEFAULT_HOLDOUT))
-        return holdout if max_train_samples and spare >= max_train_samples else 0
+        # (The rule is only eligible when no hold-out was given, so the usual part is read_splits' default.)
+        spare = n_file - holdout_size(n_file, DEFAULT_HOLDOUT)
+        return None if max_train_samples and spare >= max_train_samples else 0
 
     train_path, train_ex, valid_ex, valid_desc, valid_note = read_splits(
         task, train_file, valid_file, rule_holdout, max_train_samples, max_eval_samples, seed)
