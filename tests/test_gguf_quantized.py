@@ -34,6 +34,9 @@ def test_block_linear_equals_dequantized_fp32(name, m):
     # fp32 accumulation in another order, and d*q + m evaluated as one fma: a few ulps of the sums
     assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
     assert torch.equal(lin.weight, ref_w) or (lin.weight - ref_w).abs().max().item() <= 1e-6
+    # bf16 tiles written by the kernel round as torch's cast does
+    rows = torch.arange(n)
+    assert torch.equal(q.dequantize_rows(lin.blocks, TYPES[name], k, rows, torch.bfloat16), lin.weight.bfloat16())
     emb = q.BlockEmbedding(torch.from_numpy(blocks), TYPES[name], n, k)
     ids = torch.tensor([[0, 12], [5, 5]])
     assert (emb(ids) - ref_w[ids]).abs().max().item() <= 1e-6
@@ -41,6 +44,22 @@ def test_block_linear_equals_dequantized_fp32(name, m):
     got16 = lin(x.bfloat16())  # bf16 activations: bf16 tiles on the GEMM path, fp32 kernel below it
     assert got16.dtype == torch.bfloat16
     assert (got16.float() - want).abs().max().item() <= 3e-2 * max(1.0, want.abs().max().item())
+
+
+def test_perplexity_head_of_a_kept_quantized_model_equals_the_dequantized_one(monkeypatch):
+    """evaluate lm dequantizes a quantized LM head one vocabulary tile at a time (tasks/lm.py `_head_nll`)."""
+    from attnlab.tasks import lm
+    rng = np.random.default_rng(11)
+    n, k = 100, 64
+    blocks = quantize((rng.standard_normal((n, k)) * 0.3).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
+    head = q.BlockLinear(torch.from_numpy(blocks), 3, k, n)
+    rows = torch.from_numpy(rng.standard_normal((80, k)).astype(np.float32))
+    targets = torch.from_numpy(rng.integers(0, n, 80))
+    want = torch.nn.functional.cross_entropy((rows @ head.weight.T).double(), targets, reduction="sum").item()
+    monkeypatch.setattr(lm, "_VOCAB_TILE", 32)  # 4 tiles, the last one short
+    assert abs(lm._head_nll(head, rows, targets) - want) <= 1e-6 * want
+    bf16 = lm._head_nll(head, rows.bfloat16(), targets)  # bf16 weights and logits: near, not equal
+    assert abs(bf16 - want) <= 2e-2 * want
 
 
 def test_gemm_path_tiles_a_tall_matrix_like_the_kernel(monkeypatch):

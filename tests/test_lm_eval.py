@@ -110,6 +110,20 @@ def test_llama_cpp_convention_equals_transformers(kind, bos, tmp_path):
         llama_cpp_windows(list(range(63)), 32, bos)
 
 
+def test_head_nll_over_vocabulary_tiles_equals_cross_entropy(monkeypatch):
+    """Batches of many scored rows take the vocabulary a tile at a time with a running log-sum-exp."""
+    from attnlab.tasks import lm
+    torch.manual_seed(4)
+    head = torch.nn.Linear(16, 50)
+    rows, targets = torch.randn(70, 16) * 3, torch.randint(0, 50, (70,))
+    with torch.no_grad():
+        want = torch.nn.functional.cross_entropy(head(rows).double(), targets, reduction="sum").item()
+        for tile in (7, 50, 64):  # a short last tile, one tile exactly, one larger than the vocabulary
+            monkeypatch.setattr(lm, "_VOCAB_TILE", tile)
+            got = lm._head_nll(head, rows, targets)
+            assert abs(got - want) <= 1e-6 * want, (tile, got, want)
+
+
 # --- the real SmolLM2 GGUF -------------------------------------------------------------------------------
 
 def test_smollm2_gguf_wikitext_equals_transformers(data_dir):

@@ -68,6 +68,7 @@ def _build() -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.ggml_matmul.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
     lib.ggml_rows.argtypes = [ctypes.c_int, p, i64, p, i64, p]
+    lib.ggml_rows_bf16.argtypes = [ctypes.c_int, p, i64, p, i64, p]
     i32, f32 = ctypes.c_int, ctypes.c_float
     lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
     return lib
@@ -165,21 +166,26 @@ class BlockLinear(nn.Module):
         parts = []
         for n0 in range(0, self.out_features, step):
             w = dequantize_rows(self.blocks, self.kind, self.in_features,
-                                torch.arange(n0, min(n0 + step, self.out_features)))
-            parts.append(x @ w.to(dtype).T)
+                                torch.arange(n0, min(n0 + step, self.out_features)), dtype)
+            parts.append(x @ w.T)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def dequantize_rows(blocks: torch.Tensor, kind: int, cols: int, ids: torch.Tensor) -> torch.Tensor:
-    """fp32 rows `ids` of a block-quantized (rows, cols) matrix, shape (*ids.shape, cols)."""
+def dequantize_rows(blocks: torch.Tensor, kind: int, cols: int, ids: torch.Tensor,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows `ids` of a block-quantized (rows, cols) matrix, shape (*ids.shape, cols), in fp32 or bf16 (rounded
+    as torch casts fp32 to bf16, written directly: no fp32 tile to allocate and cast)."""
     lib = kernels()
     if lib is None:
         raise RuntimeError(f"quantized GGUF kernels unavailable: {_error}")
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= blocks.size(0)):
         raise IndexError(f"token id out of range [0, {blocks.size(0)})")
-    out = torch.empty(flat.numel(), cols, dtype=torch.float32)
-    lib.ggml_rows(kind, blocks.data_ptr(), cols, flat.data_ptr(), flat.numel(), out.data_ptr())
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dequantize_rows: dtype must be float32 or bfloat16, got {dtype}")
+    out = torch.empty(flat.numel(), cols, dtype=dtype)
+    rows = lib.ggml_rows if dtype == torch.float32 else lib.ggml_rows_bf16
+    rows(kind, blocks.data_ptr(), cols, flat.data_ptr(), flat.numel(), out.data_ptr())
     return out.view(*ids.shape, cols)
 
 

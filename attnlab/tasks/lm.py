@@ -44,12 +44,14 @@ import torch
 import torch.nn.functional as F
 
 from ..inference.quantize import linear_precision, quantize
+from ..nn.quantized import BlockLinear, dequantize_rows
 
 CONVENTIONS = ("hf", "llama.cpp")
 DTYPES = ("fp32", "bf16")  # int8 dynamic quantization is not offered: +25.7% perplexity on SmolLM2 (README)
 MAX_DEFAULT_CONTEXT = 1024  # the issue's cap on the default context (the model's maximum may be 8k+)
 _LOGIT_ROWS = 64  # positions projected onto the vocabulary at a time: 64 x 49,152 fp32 logits stay in the L3
 # cache for the cast and log-softmax (measured ~10% less logit time than 512 rows, one thread, SmolLM2)
+_VOCAB_TILE = 2048  # vocabulary rows per step of `_head_nll`: 2.4 MB of bf16 weights, reused by every row
 
 
 class LMInputError(ValueError):
@@ -109,6 +111,32 @@ def check_windows(context: int, stride: int) -> None:
                            f"would never be scored")
 
 
+def _head_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> float:
+    """Summed NLL of `targets` under the LM head's logits of `rows`, one tile of vocabulary rows at a time with
+    a running log-sum-exp (the online softmax of Milakov & Gimelshein 2018). Each weight tile (dequantized
+    once, for a head kept quantized) then serves every row of the batch while it sits in cache, where row
+    chunks would stream SmolLM2's whole 49,152 x 576 matrix once per chunk. Logits are fp32 from here on."""
+    n = rows.size(0)
+    run_max = torch.full((n,), float("-inf"), device=rows.device)
+    run_sum = torch.zeros(n, device=rows.device)
+    picked = torch.zeros(n, device=rows.device)
+    vocab = head.out_features
+    for v0 in range(0, vocab, _VOCAB_TILE):
+        v1 = min(v0 + _VOCAB_TILE, vocab)
+        if isinstance(head, BlockLinear):
+            weight = dequantize_rows(head.blocks, head.kind, head.in_features, torch.arange(v0, v1), rows.dtype)
+        else:
+            weight = head.weight[v0:v1].to(rows.dtype)
+        bias = None if head.bias is None else head.bias[v0:v1].to(rows.dtype)
+        logits = F.linear(rows, weight, bias).float()
+        new_max = torch.maximum(run_max, logits.amax(1))
+        run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[:, None]).sum(1)
+        run_max = new_max
+        inside = (targets >= v0) & (targets < v1)
+        picked[inside] = logits[inside, targets[inside] - v0]
+    return (run_max + run_sum.log() - picked).double().sum().item()
+
+
 @torch.no_grad()
 def window_nll(model, windows: list[Window], batch_size: int = 4, progress: bool = False) -> tuple[float, int]:
     """Sum of next-token NLL (nats, accumulated in float64) over every window's scored tokens, and their
@@ -129,9 +157,12 @@ def window_nll(model, windows: list[Window], batch_size: int = 4, progress: bool
         # position t predicts token t+1: the hidden states one before each scored token
         rows = torch.cat([hidden[r, w.score_from - 1:-1] for r, w in enumerate(batch)])
         targets = torch.cat([ids[r, w.score_from:] for r, w in enumerate(batch)])
-        for i in range(0, len(rows), _LOGIT_ROWS):
-            logits = model.lm_head(rows[i:i + _LOGIT_ROWS]).float()
-            total += F.cross_entropy(logits, targets[i:i + _LOGIT_ROWS], reduction="sum").double().item()
+        if isinstance(model.lm_head, (BlockLinear, torch.nn.Linear)) and len(rows) > _LOGIT_ROWS:
+            total += _head_nll(model.lm_head, rows, targets)
+        else:
+            for i in range(0, len(rows), _LOGIT_ROWS):
+                logits = model.lm_head(rows[i:i + _LOGIT_ROWS]).float()
+                total += F.cross_entropy(logits, targets[i:i + _LOGIT_ROWS], reduction="sum").double().item()
         count += len(targets)
         bar.update(len(batch))
     bar.close()

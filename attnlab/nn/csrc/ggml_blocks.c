@@ -165,32 +165,51 @@ int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w
 }
 #endif
 
-/* Dequantize rows `ids` (n of them) of a (rows, K) quantized matrix into out (n, K): an embedding lookup. */
-int ggml_rows(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, float *out) {
+/* fp32 -> bf16, rounding to nearest even as torch's cast does (finite inputs: d and m are fp16 values). */
+static inline uint16_t f2bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline void put(void *out, int64_t i, float v, int bf16) {
+    if (bf16) ((uint16_t *)out)[i] = f2bf(v); else ((float *)out)[i] = v;
+}
+
+/* Dequantize rows `ids` (n of them) of a (rows, K) quantized matrix into out (n, K), fp32 or bf16: an embedding
+ * lookup, or a weight tile for a GEMM (bf16 written directly: no fp32 tile to allocate and cast). */
+static int rows_to(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, void *out, int bf16) {
     if (K % 32) return -1;
     const int nb = (int)(K / 32);
     const int bs = kind == 2 ? 18 : kind == 3 ? 20 : kind == 8 ? 34 : 0;
     if (!bs) return -1;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *row = w + ids[i] * (int64_t)nb * bs;
-        float *o = out + i * K;
+        const int64_t o = i * K;
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = row + (size_t)b * bs;
             const float d = h2f(rd16(blk));
             if (kind == 8) {
                 const int8_t *q = (const int8_t *)(blk + 2);
-                for (int j = 0; j < 32; j++) o[32 * b + j] = d * (float)q[j];
+                for (int j = 0; j < 32; j++) put(out, o + 32 * b + j, d * (float)q[j], bf16);
             } else {
                 const float m = kind == 3 ? h2f(rd16(blk + 2)) : -8.f * d;
                 const uint8_t *qs = blk + (kind == 3 ? 4 : 2);
                 for (int j = 0; j < 16; j++) {
-                    o[32 * b + j] = d * (float)(qs[j] & 15) + m;
-                    o[32 * b + j + 16] = d * (float)(qs[j] >> 4) + m;
+                    put(out, o + 32 * b + j, d * (float)(qs[j] & 15) + m, bf16);
+                    put(out, o + 32 * b + j + 16, d * (float)(qs[j] >> 4) + m, bf16);
                 }
             }
         }
     }
     return 0;
+}
+
+int ggml_rows(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, float *out) {
+    return rows_to(kind, w, K, ids, n, out, 0);
+}
+
+int ggml_rows_bf16(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, uint16_t *out) {
+    return rows_to(kind, w, K, ids, n, out, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------------
