@@ -160,8 +160,9 @@ class AttentionMask:
         return self._from_recipe(qs, qe, ks, ke)
 
 
-# Query rows per call when a long causal self-attention is split (`_causal_blocks`); 64-128 measured best.
-_CAUSAL_BLOCK = 128
+# Query rows per call when a long causal self-attention is split (`_causal_blocks`): at T = 512, SmolLM2's
+# heads, bf16, one thread, quiet: 32 rows 22.4 ms, 64 23.4, 128 25.0 per layer of 4 windows (64: fewer calls).
+_CAUSAL_BLOCK = 64
 
 
 def _causal_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:

@@ -117,8 +117,7 @@ def _head_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> float:
     once, for a head kept quantized) then serves every row of the batch while it sits in cache, where row
     chunks would stream SmolLM2's whole 49,152 x 576 matrix once per chunk. Logits are fp32 from here on."""
     n = rows.size(0)
-    run_max = torch.full((n,), float("-inf"), device=rows.device)
-    run_sum = torch.zeros(n, device=rows.device)
+    run_lse = torch.full((n,), float("-inf"), device=rows.device)
     picked = torch.zeros(n, device=rows.device)
     vocab = head.out_features
     for v0 in range(0, vocab, _VOCAB_TILE):
@@ -129,12 +128,10 @@ def _head_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> float:
             weight = head.weight[v0:v1].to(rows.dtype)
         bias = None if head.bias is None else head.bias[v0:v1].to(rows.dtype)
         logits = F.linear(rows, weight, bias).float()
-        new_max = torch.maximum(run_max, logits.amax(1))
-        run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[:, None]).sum(1)
-        run_max = new_max
+        run_lse = torch.logaddexp(run_lse, torch.logsumexp(logits, 1))  # one fused pass per tile
         inside = (targets >= v0) & (targets < v1)
         picked[inside] = logits[inside, targets[inside] - v0]
-    return (run_max + run_sum.log() - picked).double().sum().item()
+    return (run_lse - picked).double().sum().item()
 
 
 @torch.no_grad()
