@@ -155,6 +155,10 @@ class BlockLinear(nn.Module):
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
+    def dequantized(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Weight rows start..end-1 (output features) as an (end - start, in_features) fp32 or bf16 tile."""
+        return dequantize_rows(self.blocks, self.kind, self.in_features, torch.arange(start, end), dtype)
+
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
         """Many rows (a prompt, perplexity windows): dequantize a tile of weight rows at a time and hand it to
         torch's GEMM. Each dequantized weight then serves every input row, where the block kernel above
@@ -165,9 +169,7 @@ class BlockLinear(nn.Module):
         step = max(1, _TILE_WEIGHTS // self.in_features)
         parts = []
         for n0 in range(0, self.out_features, step):
-            w = dequantize_rows(self.blocks, self.kind, self.in_features,
-                                torch.arange(n0, min(n0 + step, self.out_features)), dtype)
-            parts.append(x @ w.T)
+            parts.append(x @ self.dequantized(n0, min(n0 + step, self.out_features), dtype).T)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 

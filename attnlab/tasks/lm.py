@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ..inference.quantize import linear_precision, quantize
-from ..nn.quantized import BlockLinear, dequantize_rows
+from ..nn.quantized import BlockLinear
 
 CONVENTIONS = ("hf", "llama.cpp")
 DTYPES = ("fp32", "bf16")  # int8 dynamic quantization is not offered: +25.7% perplexity on SmolLM2 (README)
@@ -122,10 +122,8 @@ def _head_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> float:
     vocab = head.out_features
     for v0 in range(0, vocab, _VOCAB_TILE):
         v1 = min(v0 + _VOCAB_TILE, vocab)
-        if isinstance(head, BlockLinear):
-            weight = dequantize_rows(head.blocks, head.kind, head.in_features, torch.arange(v0, v1), rows.dtype)
-        else:
-            weight = head.weight[v0:v1].to(rows.dtype)
+        weight = (head.dequantized(v0, v1, rows.dtype) if isinstance(head, BlockLinear)
+                  else head.weight[v0:v1].to(rows.dtype))
         bias = None if head.bias is None else head.bias[v0:v1].to(rows.dtype)
         logits = F.linear(rows, weight, bias).float()
         run_lse = torch.logaddexp(run_lse, torch.logsumexp(logits, 1))  # one fused pass per tile

@@ -23,6 +23,9 @@ STATE = "attnlab_state.safetensors"
 
 
 def soup(dirs: list[Path], output: Path) -> None:
+    missing = [str(d) for d in dirs if not (d / STATE).is_file()]
+    if missing:
+        raise SystemExit(f"soup: no {STATE} in {', '.join(missing)} (a finetune output in attnlab's own layout)")
     states = [load_file(str(d / STATE)) for d in dirs]
     keys = set(states[0])
     for d, s in zip(dirs, states):
