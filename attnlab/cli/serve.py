@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import attnlab
-    from ..inference.quantize import quantize
+    from ..inference.quantize import calibration_batches, quantize
     from ..serve.app import Limits, create_app
     from ..serve.auth import ENV_VAR, is_loopback, resolve_api_key
     from ..serve.drain import run_server
@@ -123,9 +123,14 @@ def run(args: argparse.Namespace) -> int:
     elif named:
         from ..interop.peft import adapter_view
         adapters = {n: adapter_view(model, d) for n, d in named}
-    if args.dtype != "fp32":
-        model = quantize(model, args.dtype, inplace=True)
     tokenizer = attnlab.load_tokenizer(args.model)
+    if args.dtype != "fp32":
+        calibration = None
+        from ..models.encoder import Encoder
+        backbone = getattr(model, "backbone", model)
+        if args.dtype == "int8" and isinstance(backbone, Encoder) and not backbone.config.causal:
+            calibration = calibration_batches(tokenizer)  # SmoothQuant factors for an encoder
+        model = quantize(model, args.dtype, inplace=True, calibration=calibration)
     limits = Limits(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
                     max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                     max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)

@@ -18,7 +18,9 @@ from torch import nn
 from ..config import ModelConfig
 from .block_sparse import block_sparse_attention, dense_attention, draw_random_blocks, token_counts, uses_blocks
 from .disentangled import DisentangledBias
+from .cpu_attention import short_attention
 from .flash import tiled_attention
+from .int8 import Int8Linear
 from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
 from .positions import apply_rotary
 from .relative_xl import RelativeXLBias, XLPositions
@@ -127,6 +129,17 @@ class AttentionMask:
                              "packed documents (document_ids) or global tokens")
         return r["padding"]
 
+    def only_padding(self) -> tuple[bool, torch.Tensor | None]:
+        """(True, (B, Tk) bool or None) when this mask is at most key padding (no causal, window, documents,
+        global tokens or dense tensor), else (False, None)."""
+        r = self._recipe
+        if r is None:
+            return self._allowed is None and not self.is_causal, None
+        if (r["causal"] or r["window"] is not None or r["documents"] is not None or r["global_tokens"] is not None
+                or r["shape"][1] != (r["padding"].size(-1) if r["padding"] is not None else r["shape"][1])):
+            return False, None
+        return True, r["padding"]
+
     def block(self, qs: int, qe: int, ks: int, ke: int, query_len: int, key_len: int, device=None):
         """The tile of queries qs:qe x keys ks:ke for the tiled path: None = every key allowed, False =
         none (a tile under the causal diagonal or outside the window: skipped, which is what makes
@@ -220,6 +233,12 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         weights = scores.float().softmax(-1).to(q.dtype)
         probs = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         return torch.matmul(probs, v), weights
+    if bias is None and dropout_p == 0 and q.device.type == "cpu" and q.dtype == torch.float32:
+        padding_only, keep = mask.only_padding()
+        # short sequences (an encoder over sentences): our kernel, 2-3x torch's at T <= 48 (nn/cpu_attention.py)
+        out = short_attention(q, k, v, keep, scale) if padding_only else None
+        if out is not None:
+            return out, None
     attn_mask = mask.allowed
     if bias is not None:
         attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
@@ -283,6 +302,16 @@ class Attention(nn.Module):
         quantized or compiled model keeps them too, and so does a projection with a forward hook (the
         attention views catch Q and K that way): a hook must see its module called."""
         mods = (self.q, self.k, self.v)
+        if all(type(m) is Int8Linear for m in mods) and not any(m._forward_pre_hooks or m._forward_hooks
+                                                               for m in mods):
+            # int8 (nn/int8.py): the activations are quantized once and Q, K, V come from one product
+            key = tuple(m.weight_q.data_ptr() for m in mods)  # new storage (`.to()`) rebuilds it
+            fused = self.__dict__.get("_int8_qkv")
+            if fused is None or fused[0] != key:
+                fused = self.__dict__["_int8_qkv"] = (key, Int8Linear.stacked(list(mods)))
+            if fused[1] is not None:
+                return fused[1](x).split([m.out_features for m in mods], dim=-1)
+            return self.q(x), self.k(x), self.v(x)
         if (torch.is_grad_enabled() or torch.compiler.is_compiling()
                 or not all(type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
                            for m in mods)

@@ -24,7 +24,9 @@ from torch import nn
 
 # GGML type id -> (name, bytes per block of 32 weights)
 BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
-_SOURCE = Path(__file__).with_name("csrc") / "ggml_blocks.c"
+# every C kernel of the package, built into one library: the GGUF block products here, the int8 rows of
+# nn/int8.py and the short-sequence attention of nn/cpu_attention.py
+_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("ggml_blocks.c", "int8_rows.c", "short_attention.c")]
 # From this many input rows on, BlockLinear dequantizes weight tiles and multiplies with torch's GEMM; below,
 # the block kernel's dot products (batch-1 decoding reads each weight once: bytes moved dominate).
 GEMM_ROWS = 64
@@ -49,9 +51,9 @@ def _cpu_key() -> str:
 
 
 def _build() -> ctypes.CDLL:
-    src = _SOURCE.read_bytes()
+    src = b"".join(path.read_bytes() for path in _SOURCES)
     tag = hashlib.sha256(src + _cpu_key().encode()).hexdigest()[:16]
-    out = _cache_dir() / f"ggml_blocks-{tag}.so"
+    out = _cache_dir() / f"attnlab-kernels-{tag}.so"
     if not out.exists():
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if cc is None:
@@ -59,7 +61,7 @@ def _build() -> ctypes.CDLL:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, rename: safe for parallel runs
             tmp_so = Path(tmp) / out.name
-            cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp_so), str(_SOURCE), "-lm"]
+            cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp_so), *map(str, _SOURCES), "-lm"]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode:
                 raise OSError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-400:]}")
@@ -71,6 +73,10 @@ def _build() -> ctypes.CDLL:
     lib.ggml_rows_bf16.argtypes = [ctypes.c_int, p, i64, p, i64, p]
     i32, f32 = ctypes.c_int, ctypes.c_float
     lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
+    lib.int8_quantize_rows.argtypes = [p, p, i64, i64, p, p]
+    lib.int8_dequant_rows.argtypes = [p, p, p, p, i64, i64]
+    lib.short_attention.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, p, f32, p, i64, i64]
+    lib.short_attention_supported.restype = i32
     return lib
 
 

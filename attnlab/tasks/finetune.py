@@ -453,14 +453,20 @@ def _trained_max_length(task: Task, model: str | Path, max_length: int | None) -
 
 
 def evaluate(task: str | Task, model: str | Path, data: str | Path, *, max_length: int | None = None,
-             batch_size: int = 64, progress: bool = False) -> dict:
-    """Metrics of a fine-tuned model on a labelled file in the task's format."""
+             batch_size: int = 64, progress: bool = False, dtype: str = "fp32") -> dict:
+    """Metrics of a fine-tuned model on a labelled file in the task's format. dtype: "fp32", "bf16", or
+    "int8" (inference/quantize.py, calibrated on its bundled sentences)."""
     task = get_task(task) if isinstance(task, str) else task
     net, tokenizer = _load_for_eval(task, model)
+    if dtype != "fp32":
+        from ..inference.quantize import calibration_batches, quantize
+        net = quantize(net, dtype, inplace=True,
+                       calibration=calibration_batches(tokenizer) if dtype == "int8" else None)
     examples = _read_many(task, data)
     scores, _ = evaluate_examples(task, net, tokenizer, examples, _trained_max_length(task, model, max_length),
                                   batch_size, progress)
-    return {"task": task.name, "examples": len(examples), **{k: round(v, 4) for k, v in scores.items()}}
+    return {"task": task.name, "examples": len(examples), **({"dtype": dtype} if dtype != "fp32" else {}),
+            **{k: round(v, 4) for k, v in scores.items()}}
 
 
 def predict(task: str | Task, model: str | Path, input: str | Path, output: str | Path, *,

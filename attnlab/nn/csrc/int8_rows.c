@@ -1,0 +1,84 @@
+/* The element-wise ends of an int8 linear layer (attnlab/nn/int8.py): quantize activations one row (token)
+ * at a time, and turn the int32 products back into floats. Part of attnlab; built together with
+ * ggml_blocks.c by attnlab/nn/quantized.py and called via ctypes.
+ *
+ * Why in C: done with torch ops, each end is 4-5 passes over the activations (multiply by the smoothing
+ * factors, abs, max, divide, round, cast; cast, outer product of scales, multiply-add), which cost as much
+ * as the int8 matrix product itself on MiniLM's small matrices. Here each is one pass, with the row still
+ * in L1 for the second read.
+ *
+ * quantize: s_m = max_k |x_mk * f_k| / 127, q_mk = round_half_even(x_mk * f_k / s_m)  (f = 1 without
+ *           smoothing factors; a row of zeros gets s_m = 1 and all-zero q)
+ * dequant:  y_mn = acc_mn * (s_m * w_n) + b_n, written over acc
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+void int8_quantize_rows(const float *x, const float *f, int64_t rows, int64_t cols, int8_t *q, float *scale) {
+    for (int64_t m = 0; m < rows; m++) {
+        const float *xr = x + m * cols;
+        int8_t *qr = q + m * cols;
+        int64_t k = 0;
+        float amax = 0.0f;
+#if defined(__AVX512F__)
+        __m512 vmax = _mm512_setzero_ps();
+        for (; k + 16 <= cols; k += 16) {
+            __m512 v = _mm512_loadu_ps(xr + k);
+            if (f) v = _mm512_mul_ps(v, _mm512_loadu_ps(f + k));
+            vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+        }
+        amax = _mm512_reduce_max_ps(vmax);
+#endif
+        for (; k < cols; k++) {
+            float v = fabsf(f ? xr[k] * f[k] : xr[k]);
+            if (v > amax) amax = v;
+        }
+        float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+        float r = 1.0f / s;
+        scale[m] = s;
+        k = 0;
+#if defined(__AVX512F__)
+        __m512 vr = _mm512_set1_ps(r);
+        for (; k + 16 <= cols; k += 16) {
+            __m512 v = _mm512_loadu_ps(xr + k);
+            if (f) v = _mm512_mul_ps(v, _mm512_loadu_ps(f + k));
+            /* round to nearest even (the default MXCSR mode), then saturate to int8 */
+            __m512i i = _mm512_cvtps_epi32(_mm512_mul_ps(v, vr));
+            _mm_storeu_si128((__m128i *)(qr + k), _mm512_cvtsepi32_epi8(i));
+        }
+#endif
+        for (; k < cols; k++) {
+            float v = nearbyintf((f ? xr[k] * f[k] : xr[k]) * r);
+            qr[k] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+    }
+}
+
+/* In place: the int32 products are overwritten by their float values (same size). A fresh 4 MB output
+ * for each of MiniLM's FFN products would cost page faults and write-allocate traffic on top of the pass. */
+void int8_dequant_rows(int32_t *acc, const float *restrict scale, const float *restrict wscale,
+                       const float *restrict bias, int64_t rows, int64_t cols) {
+    for (int64_t m = 0; m < rows; m++) {
+        int32_t *ar = acc + m * cols;
+        const float s = scale[m];
+        int64_t n = 0;
+#if defined(__AVX512F__)
+        const __m512 vs = _mm512_set1_ps(s);
+        for (; n + 16 <= cols; n += 16) {
+            __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(ar + n)));
+            __m512 f = _mm512_mul_ps(vs, _mm512_loadu_ps(wscale + n));
+            v = bias ? _mm512_fmadd_ps(v, f, _mm512_loadu_ps(bias + n)) : _mm512_mul_ps(v, f);
+            _mm512_storeu_ps((float *)(ar + n), v);
+        }
+#endif
+        for (; n < cols; n++) {
+            float v = (float)ar[n] * (s * wscale[n]);
+            if (bias) v += bias[n];
+            memcpy(ar + n, &v, sizeof v);
+        }
+    }
+}

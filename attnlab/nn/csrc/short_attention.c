@@ -1,0 +1,126 @@
+/* Softmax attention over short sequences on a CPU core, fp32, with a key-padding mask (attnlab/nn/cpu_attention.py).
+ * Part of attnlab; built with the other kernels by attnlab/nn/quantized.py and called via ctypes.
+ *
+ * Why: an encoder over sentences runs attention on many small (T x T) problems: MiniLM on length-sorted
+ * batches of 32 sentences is 384 heads of T ~ 10-60 per layer. torch's CPU flash kernel and batched GEMMs
+ * pay a fixed cost per head that dwarfs the arithmetic there (ONNX Runtime spends about half as long on
+ * the same attention). Here one (batch, head) is: K transposed into a scratch tile (D x T, zero-padded to
+ * 16 keys), then 8 queries at a time: their scores 16 keys at a time (8 independent FMA chains), each
+ * row's softmax with a vectorized exp, and P V accumulated in registers; the output is written as (B, Tq, H, D), the layout
+ * the output projection reads.
+ *
+ * q (B, Hq, Tq, D), k / v (B, Hk, Tk, D) given by element strides {batch, head, position} (the last
+ * dimension contiguous); query head h reads key/value head h / (Hq / Hk) (GQA). keep: (B, Tk) uint8,
+ * 1 = a real key, or NULL; the caller guarantees every row keeps at least one key. Rows [start, end) of
+ * the flattened (batch, head) index: callers split the work across threads.
+ * Requires AVX-512 and D a multiple of 16 (D <= 128); `short_attention_supported` says whether this
+ * build has it.
+ */
+#include <math.h>
+#include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+int short_attention_supported(void) { return 1; }
+
+/* e^x for x <= 0 (scores minus their row's max): Cephes' expf polynomial on x - n ln2, times 2^n. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+#define QB 8          /* queries at a time: 8 independent FMA chains hide the FMA latency, and each key
+                         tile load serves 8 queries */
+#define MAX_TILE 16384 /* D x padded Tk floats of transposed keys: 64 KB of stack */
+
+void short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
+                     const int64_t *vs, int64_t B, int64_t Hq, int64_t Hk, int64_t Tq, int64_t Tk, int64_t D,
+                     const uint8_t *keep, float scale, float *out, int64_t start, int64_t end) {
+    const int64_t tp = (Tk + 15) & ~(int64_t)15, chunks = tp / 16, dc = D / 16, group = Hq / Hk;
+    float kt[MAX_TILE];
+    float s[QB][MAX_TILE / 16];
+    __mmask16 valid[MAX_TILE / 256];
+    (void)B;
+    for (int64_t bh = start; bh < end; bh++) {
+        const int64_t b = bh / Hq, h = bh % Hq, hk = h / group;
+        const float *qb = q + b * qs[0] + h * qs[1];
+        const float *kb = k + b * ks[0] + hk * ks[1];
+        const float *vb = v + b * vs[0] + hk * vs[1];
+        for (int64_t j = 0; j < tp; j++)
+            for (int64_t c = 0; c < D; c++) kt[c * tp + j] = j < Tk ? kb[j * ks[2] + c] : 0.0f;
+        for (int64_t jc = 0; jc < chunks; jc++) {
+            __mmask16 m = 0;
+            for (int64_t t = 0; t < 16; t++) {
+                int64_t j = jc * 16 + t;
+                if (j < Tk && (!keep || keep[b * Tk + j])) m |= (__mmask16)(1u << t);
+            }
+            valid[jc] = m;
+        }
+        const __m512 vscale = _mm512_set1_ps(scale);
+        for (int64_t i0 = 0; i0 < Tq; i0 += QB) {
+            const int64_t nq = Tq - i0 < QB ? Tq - i0 : QB;
+            const float *qi[QB];
+            for (int r = 0; r < QB; r++) qi[r] = qb + (i0 + (r < nq ? r : nq - 1)) * qs[2]; /* tail: repeat */
+            /* scores, and each row's max over its allowed keys */
+            __m512 vmax[QB];
+            for (int r = 0; r < QB; r++) vmax[r] = _mm512_set1_ps(-INFINITY);
+            for (int64_t jc = 0; jc < chunks; jc++) {
+                __m512 acc[QB];
+                for (int r = 0; r < QB; r++) acc[r] = _mm512_setzero_ps();
+                for (int64_t c = 0; c < D; c++) {
+                    const __m512 kv = _mm512_loadu_ps(kt + c * tp + jc * 16);
+                    for (int r = 0; r < QB; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qi[r][c]), kv, acc[r]);
+                }
+                for (int r = 0; r < QB; r++) {
+                    acc[r] = _mm512_mul_ps(acc[r], vscale);
+                    _mm512_storeu_ps(s[r] + jc * 16, acc[r]);
+                    vmax[r] = _mm512_mask_max_ps(vmax[r], valid[jc], vmax[r], acc[r]);
+                }
+            }
+            /* softmax numerators in place; padding keys get exactly 0 */
+            __m512 inv[QB];
+            for (int r = 0; r < QB; r++) {
+                const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
+                __m512 vsum = _mm512_setzero_ps();
+                for (int64_t jc = 0; jc < chunks; jc++) {
+                    __m512 e = _mm512_maskz_mov_ps(valid[jc], exp512(_mm512_sub_ps(_mm512_loadu_ps(s[r] + jc * 16), mx)));
+                    _mm512_storeu_ps(s[r] + jc * 16, e);
+                    vsum = _mm512_add_ps(vsum, e);
+                }
+                inv[r] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+            }
+            /* P V, 16 output dimensions at a time */
+            for (int64_t c = 0; c < dc; c++) {
+                __m512 o[QB];
+                for (int r = 0; r < QB; r++) o[r] = _mm512_setzero_ps();
+                for (int64_t j = 0; j < Tk; j++) {
+                    const __m512 vj = _mm512_loadu_ps(vb + j * vs[2] + c * 16);
+                    for (int r = 0; r < QB; r++) o[r] = _mm512_fmadd_ps(_mm512_set1_ps(s[r][j]), vj, o[r]);
+                }
+                for (int r = 0; r < nq; r++)
+                    _mm512_storeu_ps(out + ((b * Tq + i0 + r) * Hq + h) * D + c * 16, _mm512_mul_ps(o[r], inv[r]));
+            }
+        }
+    }
+}
+#else
+int short_attention_supported(void) { return 0; }
+
+void short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
+                     const int64_t *vs, int64_t B, int64_t Hq, int64_t Hk, int64_t Tq, int64_t Tk, int64_t D,
+                     const uint8_t *keep, float scale, float *out, int64_t start, int64_t end) {
+    (void)q; (void)qs; (void)k; (void)ks; (void)v; (void)vs; (void)B; (void)Hq; (void)Hk; (void)Tq; (void)Tk;
+    (void)D; (void)keep; (void)scale; (void)out; (void)start; (void)end;
+}
+#endif
