@@ -142,15 +142,19 @@ def engines(threads: int, which: list[str] | None = None) -> dict:
                                 ("ORT int8", "plain-int8", "int8"), ("ORT int8 fused", "fused-int8", "int8")):
             if want(name):
                 out[name] = (prec, ort_side(files[key]))
+    if not any(want(n) for n in ("attnlab fp32", "attnlab bf16", "attnlab int8")):
+        return out
     path = resolve(MODEL)
     model = attnlab.load(path)
+    alone = which is not None and len(which) == 1  # a peak-RSS worker: no fp32 copy kept beside it
     if want("attnlab fp32"):
         out["attnlab fp32"] = ("fp32", ours_side(model))
     if want("attnlab bf16") and bf16_is_native():
-        out["attnlab bf16"] = ("bf16", ours_side(quantize(model, "bf16")))
+        out["attnlab bf16"] = ("bf16", ours_side(quantize(model, "bf16", inplace=alone)))
     if want("attnlab int8"):
         tok = attnlab.load_tokenizer(path)
-        out["attnlab int8"] = ("int8", ours_side(quantize(model, "int8", calibration=calibration_batches(tok))))
+        out["attnlab int8"] = ("int8", ours_side(quantize(model, "int8", inplace=alone,
+                                                          calibration=calibration_batches(tok))))
     return out
 
 
