@@ -40,6 +40,10 @@ static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); re
 
 #if defined(__AVX512F__)
 #define AI static inline __attribute__((always_inline))
+/* At batch 1 each weight row is read once, straight from memory: a software prefetch 256 bytes ahead of each
+ * of the 4 rows in flight took the 30 MB Q8_0 LM head of SmolLM2 from 5.0 to 2.1 ms (128 ahead: 3.1 ms,
+ * 1024: 2.7 ms); the 4-bit layers, bound by unpacking rather than memory, did not move. */
+#define PREFETCH 256
 /* One block's 32 weights as two fp32 vectors (weights 0..15, 16..31). For 4-bit blocks the 16 possible
  * values d*q + m form a 16-float table and vpermps picks from it by the nibble (it reads only the low 4
  * bits of each index), so dequantizing costs one fma, one widen and two permutes per block. */
@@ -76,6 +80,7 @@ AI void tile(int kind, const uint8_t *w, size_t row_bytes, int bs, int nb, const
     for (int b = 0; b < nb; b++) {
         for (int r = 0; r < NR; r++) {
             __m512 w0, w1;
+            if (MR == 1) _mm_prefetch((const char *)(w + r * row_bytes + (size_t)b * bs) + PREFETCH, _MM_HINT_T0);
             unpack(kind, w + r * row_bytes + (size_t)b * bs, iota, &w0, &w1);
             for (int i = 0; i < MR; i++) {
                 const float *xb = x + i * K + 32 * b;
