@@ -15,6 +15,8 @@ from attnlab.nn import quantized as q
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize, quantize  # noqa: E402
 
+from attnlab.nn.precision import cpu_flags  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not q.available(), reason=f"no C compiler: {q.why_unavailable()}")
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 
@@ -33,6 +35,19 @@ def test_block_linear_equals_dequantized_fp32(name, m):
     got, want = lin(x), x @ ref_w.T
     # fp32 accumulation in another order, and d*q + m evaluated as one fma: a few ulps of the sums
     assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+    if m == 1:  # the decode step's row product: x quantized to int8 per block of 32 where the CPU has VNNI.
+        # Each x_j moves by at most half a step, max|x_block| / 254, so each output moves by at most the sum
+        # over blocks of that step times sum_j |w_j| in the block (plus fp32 rounding).
+        fast = torch.empty(1, n)
+        lib = q.kernels()
+        assert lib.ggml_matvec_step(TYPES[name], x.data_ptr(), k, lin.blocks.data_ptr(), n, fast.data_ptr()) == 0
+        step = x.view(k // 32, 32).abs().amax(-1) / 254                          # (blocks,)
+        wsum = ref_w.abs().view(n, k // 32, 32).sum(-1)                          # (n, blocks)
+        assert ((fast - want).abs() <= wsum @ step + 1e-5 * max(1.0, want.abs().max().item())).all()
+        assert torch.equal(fast, got) != ("avx512_vnni" in cpu_flags())  # the integer path ran where it can
+        with q.exact_products():
+            assert lib.ggml_matvec_step(TYPES[name], x.data_ptr(), k, lin.blocks.data_ptr(), n, fast.data_ptr()) == 0
+        assert torch.equal(fast, got)
     assert torch.equal(lin.weight, ref_w) or (lin.weight - ref_w).abs().max().item() <= 1e-6
     # bf16 tiles written by the kernel round as torch's cast does
     rows = torch.arange(n)
@@ -172,7 +187,7 @@ def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
     assert isinstance(quant.backbone.embeddings.tok, q.BlockEmbedding)
     assert not any(p.dim() == 2 for p in quant.parameters())  # no fp32 matrix anywhere
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
+    with torch.inference_mode(), q.exact_products():  # the C step in fp32 (its int8 path: below)
         assert (quant(ids).logits - fp32(ids).logits).abs().max().item() <= 1e-4
         assert torch.equal(generate(quant, ids, max_new_tokens=12), generate(fp32, ids, max_new_tokens=12))
         # batch 1 decodes through the one-call C step (block_step.py); the module path must agree with it
@@ -190,6 +205,15 @@ def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
         assert steps.ptrs is not None  # the C step ran
         for a, b in zip(logits_c, logits_m):
             assert (a - b).abs().max().item() <= 1e-4
+    with torch.inference_mode():  # the default C step: int8 activation rows where the CPU has VNNI
+        steps, cache = BlockSteps(quant, 9 + 3), KVCache(2, max_length=12)
+        for i, nxt in enumerate([one, torch.tensor([[7]]), torch.tensor([[100]])]):
+            a = steps(nxt)
+            b = quant(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            assert torch.nn.functional.cosine_similarity(a, b).item() >= 0.999
+            assert (a - b).abs().max().item() <= 0.05 * b.abs().max().item()
+            if i and "avx512_vnni" in cpu_flags():
+                assert not torch.equal(a, logits_c[i])  # it is the integer path, not the exact one
     with pytest.raises(ValueError, match="quantized=True runs fp32 activations on the CPU"):
         attnlab.load(tmp_path / "tiny.gguf", quantized=True, dtype=torch.bfloat16)
 
@@ -205,3 +229,12 @@ def test_cli_generate_runs_gguf_quantized_by_default_and_dequantized_on_request(
     quantized = capsys.readouterr().out
     assert main(args + ["--dequantize"]) == 0
     assert capsys.readouterr().out == quantized and "Paris" in quantized
+    # --exact: fp32 activations in the decode step too; greedy text equal to the dequantized model's on a
+    # prompt whose answer has no near-tie (24 tokens; the int8 default flips near-ties on some prompts)
+    why = ["generate", str(path), "--chat", "--prompt", "Why is the sky blue?", "--max-new-tokens", "24"]
+    before = q.kernels().ggml_exact(-1)
+    assert main(why + ["--exact"]) == 0
+    exact = capsys.readouterr().out
+    assert main(why + ["--dequantize"]) == 0
+    assert capsys.readouterr().out == exact
+    assert q.kernels().ggml_exact(-1) == before  # --exact did not stay on

@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dequantize", action="store_true",
                    help=".gguf: dequantize the weights to fp32 (default: Q4_0/Q4_1/Q8_0 stay quantized, "
                         "~4x faster at batch 1 and ~1/3 of the memory, same greedy text)")
+    p.add_argument("--exact", action="store_true",
+                   help=".gguf kept quantized: decode with fp32 activations (greedy text equal to --dequantize's; "
+                        "default: each step's activations go int8 per block of 32 for integer dot products "
+                        "where the CPU has AVX512-VNNI, as llama.cpp does, ~10%% faster, near-ties can flip)")
     p.add_argument("--truncate-left", action="store_true",
                    help="drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context "
                         "(default: error)")
@@ -82,8 +86,12 @@ def run(args: argparse.Namespace) -> int:
                     seed=args.seed, num_beams=args.num_beams, stop_strings=args.stop,
                     truncation="left" if args.truncate_left else "error",
                     **({"compile": True} if args.compile else {}))
-    for piece in pieces:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    import contextlib
+
+    from ..nn.quantized import exact_products
+    with exact_products() if args.exact else contextlib.nullcontext():
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
     sys.stdout.write("\n")
     return 0

@@ -3,13 +3,16 @@ are in the file and multiply with them directly, instead of holding a dequantize
 
 SmolLM2-135M Q4_1 is 92 MB of blocks but 538 MB as fp32; a decoding step reads every weight once, so
 reading 4.5-bit blocks instead of 32-bit floats is most of the speed-up at batch 1. The products run in
-`csrc/ggml_blocks.c` (fp32 activations, blocks widened in registers; see its header for the layouts),
+`csrc/ggml_blocks.c` (blocks widened in registers against fp32 activations; in the batch-1 decode step,
+where the CPU has AVX512-VNNI, each activation row is quantized to int8 per block of 32 for integer dot
+products, as llama.cpp does: `exact_products` turns that off; see the file's header for the layouts),
 built once per machine with the system C compiler (about a second, `cc -O3 -march=native`) into
 `~/.cache/attnlab/kernels/` (or $ATTNLAB_CACHE/kernels) and called through ctypes. With no C compiler,
 `available()` is False and GGUF files load dequantized to fp32 as before.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -71,6 +74,10 @@ def _build() -> ctypes.CDLL:
     lib.ggml_matmul.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
     lib.ggml_rows.argtypes = [ctypes.c_int, p, i64, p, i64, p]
     lib.ggml_rows_bf16.argtypes = [ctypes.c_int, p, i64, p, i64, p]
+    lib.ggml_exact.argtypes = [ctypes.c_int]
+    lib.ggml_matvec_step.argtypes = [ctypes.c_int, p, i64, p, i64, p]
+    if os.environ.get("ATTNLAB_GGUF_EXACT") == "1":
+        lib.ggml_exact(1)
     i32, f32 = ctypes.c_int, ctypes.c_float
     lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
     lib.int8_quantize_rows.argtypes = [p, p, i64, i64, p, p]
@@ -89,6 +96,22 @@ def kernels():
         except OSError as err:
             _error = str(err)
     return _lib
+
+
+@contextlib.contextmanager
+def exact_products(on: bool = True):
+    """Within the block, the batch-1 decode step (inference/block_step.py) multiplies in fp32 against the
+    widened weights (the dequantized product to rounding) instead of its default integer path, which
+    quantizes each activation row to int8 per block of 32 as llama.cpp does (~1.5x faster products on a CPU
+    with AVX512-VNNI; see csrc/ggml_blocks.c). Everything else (prompts, the LM head, BlockLinear called
+    from Python) is exact either way. ATTNLAB_GGUF_EXACT=1 (or `generate --exact`) makes exact the default."""
+    lib = kernels()
+    old = lib.ggml_exact(int(on)) if lib is not None else 1
+    try:
+        yield
+    finally:
+        if lib is not None:
+            lib.ggml_exact(old)
 
 
 def available() -> bool:

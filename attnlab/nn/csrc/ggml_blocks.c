@@ -40,10 +40,17 @@ static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); re
 
 #if defined(__AVX512F__)
 #define AI static inline __attribute__((always_inline))
-/* At batch 1 each weight row is read once, straight from memory: a software prefetch 256 bytes ahead of each
- * of the 4 rows in flight took the 30 MB Q8_0 LM head of SmolLM2 from 5.0 to 2.1 ms (128 ahead: 3.1 ms,
- * 1024: 2.7 ms); the 4-bit layers, bound by unpacking rather than memory, did not move. */
+/* At batch 1 each weight row is read once, straight from memory, and the products wait on it: a software
+ * prefetch 256 bytes ahead of each of the 4 rows in flight took the 30 MB Q8_0 LM head of SmolLM2 from 5.0
+ * to 2.1 ms (128 ahead: 3.1 ms, 1024: 2.7 ms) ... */
 #define PREFETCH 256
+/* ... and the same block of the next tile of rows (`tile_bytes` on): the rows of a matrix follow each other,
+ * so this keeps the stream ahead across the ends of rows, which the 256-byte lookahead alone does not. Over
+ * SmolLM2's 30 layers of small matrices (66 MB of Q4_1 per token) it took the products from 9.0 to 6.1 ms. */
+AI void prefetch_ahead(const uint8_t *blk, size_t tile_bytes) {
+    _mm_prefetch((const char *)blk + PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + tile_bytes, _MM_HINT_T0);
+}
 /* One block's 32 weights as two fp32 vectors (weights 0..15, 16..31). For 4-bit blocks the 16 possible
  * values d*q + m form a 16-float table and vpermps picks from it by the nibble (it reads only the low 4
  * bits of each index), so dequantizing costs one fma, one widen and two permutes per block. */
@@ -80,7 +87,7 @@ AI void tile(int kind, const uint8_t *w, size_t row_bytes, int bs, int nb, const
     for (int b = 0; b < nb; b++) {
         for (int r = 0; r < NR; r++) {
             __m512 w0, w1;
-            if (MR == 1) _mm_prefetch((const char *)(w + r * row_bytes + (size_t)b * bs) + PREFETCH, _MM_HINT_T0);
+            if (MR == 1) prefetch_ahead(w + r * row_bytes + (size_t)b * bs, NR * row_bytes);
             unpack(kind, w + r * row_bytes + (size_t)b * bs, iota, &w0, &w1);
             for (int i = 0; i < MR; i++) {
                 const float *xb = x + i * K + 32 * b;
@@ -92,12 +99,98 @@ AI void tile(int kind, const uint8_t *w, size_t row_bytes, int bs, int nb, const
         for (int i = 0; i < MR; i++) out[i * N + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 
-AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/* Integer dot products for rows of x taken one at a time (batch-1 decoding), as llama.cpp does: x is
+ * quantized to int8 in blocks of 32 (one scale each, round to nearest), and each weight block meets its x
+ * block in one vpdpbusd (unsigned x signed bytes -> 8 int32 sums), scaled once per block:
+ *   Q4_0: d_w d_x (sum q_w q_x - 8 sum q_x)    Q4_1: d_w d_x sum q_w q_x + m_w d_x sum q_x
+ *   Q8_0: d_w d_x sum q_w q_x (|q_w| unsigned, its sign moved onto q_x)
+ * Unpacking a 4-bit block costs a shift and a mask instead of widening it to 32 floats, which is what
+ * bounded the fp32 path at ~16.5 G weights/s. The price is x's rounding (1/254 of each block's range):
+ * results are no longer the dequantized fp32 product to rounding, so only the batch-1 decode step takes
+ * this path (`ggml_exact(1)` turns it off): prompts and the LM head, called from Python, stay exact. */
+#define HAVE_DOT_I8 1
+static int exact_activations = 0;
+
+static void quantize_x(const float *x, int nb, int8_t *q, float *dx, int32_t *sq) {
+    for (int b = 0; b < nb; b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));
+        const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+        _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtsepi32_epi8(i1));
+        dx[b] = d;
+        sq[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    }
+}
+
+/* 4 weight rows (row_bytes apart) against one quantized x: 4 independent accumulators. */
+AI void dot4_i8(const int kind, const uint8_t *w, size_t row_bytes, int nb, const int8_t *xq, const float *dx,
+                const int32_t *sq, float *out, const int NR) {
+    const int bs = kind == 2 ? 18 : kind == 3 ? 20 : 34;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[4];
+    float extra[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *blk = w + r * row_bytes + (size_t)b * bs;
+            prefetch_ahead(blk, NR * row_bytes);
+            __m256i dot;
+            float dw;
+            if (kind == 8) {
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xv, wq));
+                dw = h2f(rd16(blk));
+            } else {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (kind == 3 ? 4 : 2)));
+                const __m256i wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+                dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xv);
+                if (kind == 3) {
+                    uint32_t dm; memcpy(&dm, blk, 4);
+                    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
+                    dw = _mm_cvtss_f32(f);
+                    extra[r] += _mm_cvtss_f32(_mm_movehdup_ps(f)) * dx[b] * (float)sq[b];
+                } else {
+                    dw = h2f(rd16(blk));
+                    extra[r] -= 8.f * dw * dx[b] * (float)sq[b];
+                }
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * dx[b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2))) + extra[r];
+    }
+}
+#endif
+
+AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
+                    const int int8_rows) {
     const int nb = (int)(K / 32), bs = kind == 2 ? 18 : kind == 3 ? 20 : 34;
     const size_t rb = (size_t)nb * bs;
     int64_t m0 = 0;
     for (; m0 + 8 <= M; m0 += 8)  /* x rows outer: 8 rows of x stay in L1 while W streams */
         for (int64_t n = 0; n < N; n++) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 1, 8);
+#ifdef HAVE_DOT_I8
+    if (int8_rows && M == 1 && nb <= 2048) {
+        int8_t xq[32 * 2048];
+        float dx[2048];
+        int32_t sq[2048];
+        for (; m0 < M; m0++) {
+            quantize_x(x + m0 * K, nb, xq, dx, sq);
+            float *o = out + m0 * N;
+            int64_t n = 0;
+            for (; n + 4 <= N; n += 4) dot4_i8(kind, w + n * rb, rb, nb, xq, dx, sq, o + n, 4);
+            for (; n < N; n++) dot4_i8(kind, w + n * rb, rb, nb, xq, dx, sq, o + n, 1);
+        }
+    }
+#endif
     for (; m0 < M; m0++) {
         int64_t n = 0;
         for (; n + 4 <= N; n += 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 4, 1);
@@ -105,13 +198,38 @@ AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const 
     }
 }
 
-int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+/* 1: rows of x multiply in fp32 against widened weights everywhere (the dequantized product to rounding);
+ * 0 (default where the CPU has AVX512-VNNI): single rows take the integer path above. Returns the old value. */
+int ggml_exact(int on) {
+#ifdef HAVE_DOT_I8
+    const int old = exact_activations;
+    if (on >= 0) exact_activations = on != 0;
+    return old;
+#else
+    (void)on;
+    return 1;
+#endif
+}
+
+static int matmul_rows(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
+                       int int8_rows) {
     if (K % 32) return -1;
-    if (kind == 2) matmul_kind(2, x, M, K, w, N, out);
-    else if (kind == 3) matmul_kind(3, x, M, K, w, N, out);
-    else if (kind == 8) matmul_kind(8, x, M, K, w, N, out);
+    if (kind == 2) matmul_kind(2, x, M, K, w, N, out, int8_rows);
+    else if (kind == 3) matmul_kind(3, x, M, K, w, N, out, int8_rows);
+    else if (kind == 8) matmul_kind(8, x, M, K, w, N, out, int8_rows);
     else return -1;
     return 0;
+}
+
+/* The product for callers from Python (prompts, the LM head, other architectures): always fp32 activations,
+ * the dequantized product to rounding. Only the decode step below takes the integer path. */
+int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    return matmul_rows(kind, x, M, K, w, N, out, 0);
+}
+
+/* One row through the path the decode step takes (integer unless exact): for tests. */
+int ggml_matvec_step(int kind, const float *x, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    return matmul_rows(kind, x, 1, K, w, N, out, !ggml_exact(-1));
 }
 #else  /* portable C: the compiler vectorizes what it can */
 static inline float row_q4(const uint8_t *row, const float *x, int nb, int q41) {
@@ -142,6 +260,17 @@ static inline float row_q8(const uint8_t *row, const float *x, int nb) {
         s += h2f(rd16(blk)) * t;
     }
     return s;
+}
+
+int ggml_exact(int on) { (void)on; return 1; }  /* this build always multiplies in fp32 */
+int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
+int ggml_matvec_step(int kind, const float *x, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    return ggml_matmul(kind, x, 1, K, w, N, out);
+}
+static int matmul_rows(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
+                       int int8_rows) {
+    (void)int8_rows;
+    return ggml_matmul(kind, x, M, K, w, N, out);
 }
 
 /* kind: 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (GGML type ids). xsum: scratch of M * K/32 floats. Returns 0 or -1. */
@@ -261,15 +390,15 @@ int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int
     if (pos >= cap || heads % kv_heads) return -1;
     float *n1 = scratch, *q = n1 + hidden, *k = q + heads * hd, *v = k + kv_heads * hd, *att = v + kv_heads * hd,
           *o = att + heads * hd, *sc = o + hidden, *g = sc + cap, *u = g + ffn;
-    const int groups = heads / kv_heads, qn = heads * hd, kn = kv_heads * hd;
+    const int groups = heads / kv_heads, qn = heads * hd, kn = kv_heads * hd, i8 = !ggml_exact(-1);
     for (int l = 0; l < n_layers; l++) {
         void **P = ptrs + 11 * l;
         const int *K = kinds + 7 * l;
         float *kc = (float *)P[9], *vc = (float *)P[10];
         rmsnorm(x, (const float *)P[0], eps, hidden, n1);
-        if (ggml_matmul(K[0], n1, 1, hidden, (const uint8_t *)P[2], qn, q) ||
-            ggml_matmul(K[1], n1, 1, hidden, (const uint8_t *)P[3], kn, k) ||
-            ggml_matmul(K[2], n1, 1, hidden, (const uint8_t *)P[4], kn, v)) return -1;
+        if (matmul_rows(K[0], n1, 1, hidden, (const uint8_t *)P[2], qn, q, i8) ||
+            matmul_rows(K[1], n1, 1, hidden, (const uint8_t *)P[3], kn, k, i8) ||
+            matmul_rows(K[2], n1, 1, hidden, (const uint8_t *)P[4], kn, v, i8)) return -1;
         rope(q, heads, hd, cs, sn);
         rope(k, kv_heads, hd, cs, sn);
         for (int gi = 0; gi < kv_heads; gi++) {
@@ -289,13 +418,13 @@ int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int
                 for (int i = 0; i < hd; i++) ah[i] += p * vt[i];
             }
         }
-        if (ggml_matmul(K[3], att, 1, qn, (const uint8_t *)P[5], hidden, o)) return -1;
+        if (matmul_rows(K[3], att, 1, qn, (const uint8_t *)P[5], hidden, o, i8)) return -1;
         for (int i = 0; i < hidden; i++) x[i] += o[i];
         rmsnorm(x, (const float *)P[1], eps, hidden, n1);
-        if (ggml_matmul(K[4], n1, 1, hidden, (const uint8_t *)P[6], ffn, g) ||
-            ggml_matmul(K[5], n1, 1, hidden, (const uint8_t *)P[7], ffn, u)) return -1;
+        if (matmul_rows(K[4], n1, 1, hidden, (const uint8_t *)P[6], ffn, g, i8) ||
+            matmul_rows(K[5], n1, 1, hidden, (const uint8_t *)P[7], ffn, u, i8)) return -1;
         for (int i = 0; i < ffn; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-        if (ggml_matmul(K[6], g, 1, ffn, (const uint8_t *)P[8], hidden, o)) return -1;
+        if (matmul_rows(K[6], g, 1, ffn, (const uint8_t *)P[8], hidden, o, i8)) return -1;
         for (int i = 0; i < hidden; i++) x[i] += o[i];
     }
     return 0;
