@@ -59,8 +59,8 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=2048)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--bf16", action="store_true", help="also run attnlab with bf16 weights/activations")
-    p.add_argument("--int8", action="store_true", help="also run attnlab with int8 dynamic quantization "
-                                                       "(attnlab.inference.quantize)")
+    p.add_argument("--int8", action="store_true", help="also run attnlab in int8: per-token int8 + SmoothQuant "
+                                                       "(attnlab.inference.quantize; ONNX Runtime: cpu_engines.py)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -116,8 +116,8 @@ def main() -> None:
         rows.append(["attnlab bf16", f"{len(texts) / t_b:.1f}", f"{t_hf / t_b:.2f}", ours_padding,
                      f"{(ref * vb).sum(-1).min().item():.6f}"])
     if args.int8:
-        from attnlab.inference.quantize import quantize
-        ours_int8 = quantize(ours, "int8")
+        from attnlab.inference.quantize import calibration_batches, quantize
+        ours_int8 = quantize(ours, "int8", calibration=calibration_batches(tok))
         v8 = torch.from_numpy(embed(ours_int8, tok, texts, batch_size=32, progress=False))
         t_8 = best_of(lambda: embed(ours_int8, tok, texts, batch_size=32, progress=False), 2)
         rows.append(["attnlab int8", f"{len(texts) / t_8:.1f}", f"{t_hf / t_8:.2f}", ours_padding,

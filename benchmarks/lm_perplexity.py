@@ -306,7 +306,7 @@ def quant_table(ours, tok, gguf: Path, text: str, args, bin_dir: Path | None, th
         if "int8" in want:
             int8 = quantize(ours, "int8")
             torch.save(int8.state_dict(), tmp / "int8.pt")
-            add("int8 dynamic, per-channel, ffn.down fp32 (attnlab, state dict)", (tmp / "int8.pt").stat().st_size,
+            add("int8 (attnlab inference/quantize.py, state dict)", (tmp / "int8.pt").stat().st_size,
                 ppl(int8), None)
             del int8
         for qtype in ("Q8_0", "Q4_0") if want & {"gguf", "kept"} else ():
