@@ -45,7 +45,8 @@ def test_weights_are_the_models(minilm_pair):
     assert data.segments == enc["token_type_ids"][0].tolist() and set(data.segments) == {0, 1}
     assert (data.num_layers, data.num_heads) == (6, 12)
     for ours, theirs in zip(data.layers, ref):
-        torch.testing.assert_close(ours, theirs[0], rtol=0, atol=0)
+        # the page's forward has hooks (plain products), the reference runs oneDNN-packed ones: fp32 rounding
+        torch.testing.assert_close(ours, theirs[0], rtol=0, atol=2e-6)
     page = page_data(render_page(data))
     for layer, ref_w in zip(page["layers"], ref):
         assert torch.allclose(torch.tensor(layer), ref_w[0], atol=5.1e-5)  # rounded to 4 decimals

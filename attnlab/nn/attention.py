@@ -19,6 +19,7 @@ from ..config import ModelConfig
 from .block_sparse import block_sparse_attention, dense_attention, draw_random_blocks, token_counts, uses_blocks
 from .disentangled import DisentangledBias
 from .cpu_attention import short_attention
+from .cpu_linear import forget_packed, module_linear, packed_linear
 from .flash import tiled_attention
 from .int8 import Int8Linear
 from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
@@ -318,7 +319,8 @@ class Attention(nn.Module):
                 or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks):
             return self.q(x), self.k(x), self.v(x)
         weight, bias = self._stacked_qkv()
-        return F.linear(x, weight, bias).split([self.q.out_features, self.k.out_features,
+        out = packed_linear(self, "qkv", x, weight, bias) if not self.causal else None
+        return (out if out is not None else F.linear(x, weight, bias)).split([self.q.out_features, self.k.out_features,
                                                 self.v.out_features], dim=-1)
 
     def train(self, mode: bool = True) -> "Attention":
@@ -326,6 +328,7 @@ class Attention(nn.Module):
         # stacked weights could outlive an optimizer step: they are dropped at every mode change too
         # (every evaluation starts with model.eval(), every training stretch with model.train())
         self.__dict__.pop("_qkv_cache", None)
+        forget_packed(self, self.o)
         return super().train(mode)
 
     def _stacked_qkv(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -398,7 +401,8 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
         if varlen is not None:
             out = varlen.unpad(out)
-        return self.o(out), weights
+        projected = module_linear(self.o, out) if not self.causal else None
+        return (projected if projected is not None else self.o(out)), weights
 
     def _global_rows(self, x: torch.Tensor, out: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
         """Longformer (Beltagy et al. 2020, §3.1): a global token's output is attention over every (real)

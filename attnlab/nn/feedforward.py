@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from .cpu_linear import forget_packed, module_linear
 
 
 def activation_fn(name: str):
@@ -32,8 +33,19 @@ class FeedForward(nn.Module):
         self.gate = nn.Linear(d, inner, bias=config.bias) if config.is_glu else None
         self.down = nn.Linear(inner, d, bias=config.bias)
         self.act = activation_fn(config.activation)
+        self.activation = config.activation
+        self.pack = not config.causal  # encoders: oneDNN-packed products at CPU inference (nn/cpu_linear.py)
+
+    def train(self, mode: bool = True) -> "FeedForward":
+        forget_packed(self.up, self.down)  # see nn/cpu_linear.py
+        return super().train(mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pack and self.gate is None:
+            h = module_linear(self.up, x, self.activation)  # the activation fused into the product
+            if h is not None:
+                out = module_linear(self.down, h)
+                return out if out is not None else self.down(h)
         if self.gate is not None:
             return self.down(self.act(self.gate(x)) * self.up(x))
         return self.down(self.act(self.up(x)))
