@@ -76,6 +76,18 @@ def activation_maxima(model: nn.Module, batches) -> dict[str, torch.Tensor]:
     return maxima
 
 
+def _swap_linears(model: nn.Module, keep_fp32: tuple[str, ...], make) -> None:
+    """Replace each plain nn.Linear whose name does not end with one of `keep_fp32` by `make(name, linear)`
+    (None leaves it)."""
+    for name, m in list(model.named_modules()):
+        for child_name, child in list(m.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if type(child) is nn.Linear and not full.endswith(keep_fp32):
+                new = make(full, child)
+                if new is not None:
+                    setattr(m, child_name, new.to(child.weight.device))
+
+
 def _int8_linears(model: nn.Module, keep_fp32: tuple[str, ...], calibration, alpha: float) -> nn.Module:
     maxima = activation_maxima(model, calibration) if calibration is not None else {}
     # Q, K and V read the same input: one set of factors (from their weights together) keeps them one product
@@ -87,15 +99,14 @@ def _int8_linears(model: nn.Module, keep_fp32: tuple[str, ...], calibration, alp
                 w = torch.cat([getattr(m, p).weight.detach().float() for p in "qkv"])
                 factors = _smooth_factors(maxima[group[0]], w, alpha)
                 shared.update({g: factors for g in group})
-    for name, m in list(model.named_modules()):
-        for child_name, child in list(m.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if type(child) is not nn.Linear or full.endswith(keep_fp32):
-                continue
-            factors = shared.get(full)
-            if factors is None and full in maxima:
-                factors = _smooth_factors(maxima[full], child.weight.detach().float(), alpha)
-            setattr(m, child_name, Int8Linear.from_linear(child, factors).to(child.weight.device))
+
+    def make(full: str, child: nn.Linear) -> Int8Linear:
+        factors = shared.get(full)
+        if factors is None and full in maxima:
+            factors = _smooth_factors(maxima[full], child.weight.detach().float(), alpha)
+        return Int8Linear.from_linear(child, factors)
+
+    _swap_linears(model, keep_fp32, make)
     return model
 
 
@@ -125,12 +136,8 @@ def quantize(model: nn.Module, dtype: str, *, inplace: bool = False, keep_fp32: 
     keep = ("ffn.down",) if keep_fp32 is None else tuple(keep_fp32)
     if calibration is not None:  # SmoothQuant before torch.ao: prescale inputs, fold the factors into weights
         maxima = activation_maxima(model, calibration)
-        for name, m in list(model.named_modules()):
-            for child_name, child in list(m.named_children()):
-                full = f"{name}.{child_name}" if name else child_name
-                if type(child) is nn.Linear and full in maxima and not full.endswith(keep):
-                    factors = _smooth_factors(maxima[full], child.weight.detach().float(), alpha)
-                    setattr(m, child_name, SmoothedLinear(child, factors).to(child.weight.device))
+        _swap_linears(model, keep, lambda full, child: None if full not in maxima else SmoothedLinear(
+            child, _smooth_factors(maxima[full], child.weight.detach().float(), alpha)))
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
         warnings.simplefilter("ignore")
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic

@@ -19,7 +19,7 @@ from ..config import ModelConfig
 from .block_sparse import block_sparse_attention, dense_attention, draw_random_blocks, token_counts, uses_blocks
 from .disentangled import DisentangledBias
 from .cpu_attention import short_attention
-from .cpu_linear import forget_packed, module_linear, packed_linear
+from .cpu_linear import forget_packed, module_linear, packed_linear, plain_module, unhooked
 from .flash import tiled_attention
 from .int8 import Int8Linear
 from .linear_attention import LinearAttentionCache, linear_attention, linear_attention_weights
@@ -303,8 +303,7 @@ class Attention(nn.Module):
         quantized or compiled model keeps them too, and so does a projection with a forward hook (the
         attention views catch Q and K that way): a hook must see its module called."""
         mods = (self.q, self.k, self.v)
-        if all(type(m) is Int8Linear for m in mods) and not any(m._forward_pre_hooks or m._forward_hooks
-                                                               for m in mods):
+        if all(type(m) is Int8Linear and unhooked(m) for m in mods):
             # int8 (nn/int8.py): the activations are quantized once and Q, K, V come from one product
             key = tuple(m.weight_q.data_ptr() for m in mods)  # new storage (`.to()`) rebuilds it
             fused = self.__dict__.get("_int8_qkv")
@@ -313,10 +312,7 @@ class Attention(nn.Module):
             if fused[1] is not None:
                 return fused[1](x).split([m.out_features for m in mods], dim=-1)
             return self.q(x), self.k(x), self.v(x)
-        if (torch.is_grad_enabled() or torch.compiler.is_compiling()
-                or not all(type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
-                           for m in mods)
-                or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks):
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or not all(plain_module(m) for m in mods):
             return self.q(x), self.k(x), self.v(x)
         weight, bias = self._stacked_qkv()
         out = packed_linear(self, "qkv", x, weight, bias) if not self.causal else None

@@ -44,10 +44,15 @@ def packed_linear(owner: nn.Module, key: str, x: torch.Tensor, weight: torch.Ten
     return torch.ops.mkldnn._linear_pointwise(x, cache[key][1], bias, attr, [], algorithm)
 
 
+def unhooked(m: nn.Module) -> bool:
+    """No forward hook (its own or a global one) must see `m` called: a fused product may stand in for it."""
+    return (not m._forward_hooks and not m._forward_pre_hooks
+            and not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks)
+
+
 def plain_module(m: nn.Module) -> bool:
     """An nn.Linear exactly, with no hooks that must see it called."""
-    return (type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
-            and not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks)
+    return type(m) is nn.Linear and unhooked(m)
 
 
 def module_linear(m: nn.Module, x: torch.Tensor, activation: str | None = None) -> torch.Tensor | None:
