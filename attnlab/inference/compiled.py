@@ -9,9 +9,10 @@ close to the memory bound; the rest of the step (norms, RoPE, attention, residua
 Measured on SmolLM2-135M: 2.5x the eager tokens/s at batch 1 and 8, same greedy ids
 (benchmarks/generate_vs_transformers.py --compile).
 
-What it costs: the first step of a new (batch, capacity) compiles for 2-3 minutes on 2 cores, so it
-pays off for long or repeated generation (a server, a benchmark), not for one short answer. Frozen
-weights are a snapshot: after changing the model's weights, call `forget(model)`.
+What it costs: the first step of a new batch size compiles for 1.5-2 minutes on one core; the result is
+saved as an AOTInductor package (`aot.py`, ~2x the weights' size on disk), which a later process with the
+same weights and batch size loads in a few seconds. Frozen weights are a snapshot: after changing the
+model's weights, call `forget(model)` (the next step hashes the new weights and compiles for them).
 
 The static cache: every layer's keys/values live in one (B, Hkv, capacity, d) buffer; step t writes
 column t in place and attends over all columns with a mask that admits the filled ones. Shapes never
@@ -20,12 +21,14 @@ change from step to step, so the graph compiles once. Capacity is rounded up to 
 """
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
 import torch._inductor.config as inductor_config
 
 from ..nn import AttentionMask
+from . import aot
 from .kv_cache import KVCache
 
 CAPACITY_STEP = 128
@@ -120,21 +123,51 @@ class _CompiledStep:
     codegen)."""
     _fn = None  # the step function, set by each subclass
 
-    def __init__(self, model, *, autotune: bool = True, backend: str = "inductor") -> None:
+    _persistable = False  # the step's signature is the one aot.py exports (StaticDecoder's)
+
+    def __init__(self, model, *, autotune: bool = True, backend: str = "inductor", persist: bool = True,
+                 cache_dir=None) -> None:
         check_compilable(model)
         self._model = weakref.ref(model)  # the registry below must not keep the model alive
         self.window = model.config.sliding_window  # every layer local (check_compilable): caches may roll
         self.autotune, self.backend = autotune, backend
+        self.persist = persist and backend == "inductor" and self._persistable
+        self.cache_dir, self._runners = cache_dir, {}  # batch size -> AOTInductor runner
         self._compiled = torch.compile(type(self)._fn, backend=backend, fullgraph=True)
 
-    def step(self, *args) -> torch.Tensor:
+    def _inductor_options(self) -> dict:
+        # freezing: weights become constants, packed for inductor's C++ GEMM (the speed); no autotuning
+        # tables on stderr
+        return {"freezing": True, "max_autotune": self.autotune, "autotune_num_choices_displayed": 0,
+                "max_autotune_report_choices_stats": False}
+
+    def step(self, model, *args) -> torch.Tensor:
+        if self.persist:
+            # the package reads its inputs with the strides it was exported with (contiguous) and does not
+            # check them: a strided view (e.g. ids[:, -1:]) would be read wrong, without an error
+            *head, keys, values = args
+            args = (*(t.contiguous() for t in head), keys, values)
+            if not all(t.is_contiguous() for t in (*keys, *values)):
+                raise ValueError("the compiled step writes keys/values into their buffers in place: "
+                                 "they must be contiguous")
+            batch = args[0].size(0)
+            if batch not in self._runners:
+                try:
+                    self._runners[batch] = aot.load_or_build(type(self)._fn, model, args, self._inductor_options(),
+                                                             directory=self.cache_dir)[0]
+                except Exception as e:  # export can refuse what dynamo traces: compile in-process instead
+                    print(f"note: the compiled step could not be packaged ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); compiling it in this process only",
+                          file=sys.stderr)
+                    self.persist = False
+                    return self.step(model, *args)
+            return self._runners[batch](*args)
         if self.backend != "inductor":
-            return self._compiled(*args)
+            return self._compiled(model, *args)
         # Inductor reads these when it compiles, which happens inside a call (the first one for each new
         # shape). Passed as torch.compile(options=...) freezing is not applied (torch 2.13), so patch here.
-        with inductor_config.patch(freezing=True, max_autotune=self.autotune, autotune_num_choices_displayed=0,
-                                   max_autotune_report_choices_stats=False):  # no autotuning tables on stderr
-            return self._compiled(*args)
+        with inductor_config.patch(**self._inductor_options()):
+            return self._compiled(model, *args)
 
     @property
     def model(self):
@@ -142,8 +175,11 @@ class _CompiledStep:
 
 
 class StaticDecoder(_CompiledStep):
-    """`generate(..., compile=True)`: a static (B, Hkv, capacity, d) cache per generate call."""
+    """`generate(..., compile=True)`: a static (B, Hkv, capacity, d) cache per generate call. With the
+    inductor backend the step is an AOTInductor package kept on disk (`aot.py`): compiled once per
+    (weights, batch size), loaded in seconds by every later process; `persist=False` compiles in-process."""
     _fn = staticmethod(_step)
+    _persistable = True
 
     def session(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int):
         return _Session(self, input_ids, attention_mask, max_new_tokens)

@@ -4,6 +4,8 @@ slower than fp32 (0.6 vs 5.9 GFLOP/s on one core). attnlab never picks bf16 by d
 asking for it prints one line saying so."""
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
@@ -18,6 +20,22 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def cpu_key() -> str:
+    """What code built with -march=native (or inductor's ISA pick) is valid for: the machine and the CPU's
+    flags. Cached builds are keyed on it, so a cache copied to another CPU model is rebuilt, not run."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def cache_root() -> Path:
+    """Where attnlab keeps what it builds once per machine: $ATTNLAB_CACHE, else ~/.cache/attnlab."""
+    return Path(os.environ.get("ATTNLAB_CACHE") or Path.home() / ".cache" / "attnlab")
 
 
 def bf16_is_native(device: str = "cpu") -> bool:

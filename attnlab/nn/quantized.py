@@ -16,7 +16,6 @@ import contextlib
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from .precision import cache_root, cpu_key
 
 # GGML type id -> (name, bytes per block of 32 weights)
 BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
@@ -38,25 +39,10 @@ _lib = None
 _error: str | None = None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("ATTNLAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "attnlab")
-    return Path(root) / "kernels"
-
-
-def _cpu_key() -> str:
-    """-march=native code is only valid on this CPU model: key the cached build on the CPU's flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + flags
-
-
 def _build() -> ctypes.CDLL:
     src = b"".join(path.read_bytes() for path in _SOURCES)
-    tag = hashlib.sha256(src + _cpu_key().encode()).hexdigest()[:16]
-    out = _cache_dir() / f"attnlab-kernels-{tag}.so"
+    tag = hashlib.sha256(src + cpu_key().encode()).hexdigest()[:16]
+    out = cache_root() / "kernels" / f"attnlab-kernels-{tag}.so"
     if not out.exists():
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if cc is None:
