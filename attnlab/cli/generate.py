@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compile:
         if args.num_beams > 1:
             raise ValueError("--compile covers greedy and sampled decoding, not beam search (--num-beams > 1)")
-        print("compiling the decoding step (2-3 minutes on a CPU; the text follows)...", file=sys.stderr, flush=True)
+        # (inference/aot.py says whether it compiles, minutes once per model and batch size, or loads)
     pieces = stream(model, tokenizer, prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                     top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                     seed=args.seed, num_beams=args.num_beams, stop_strings=args.stop,
