@@ -121,6 +121,20 @@ def test_a_second_process_loads_the_compiled_step_instead_of_compiling(package_d
     assert aot.counts["built"] == before["built"] and aot.counts["loaded"] == before["loaded"] + 1
 
 
+def test_the_cache_drops_the_least_recently_used_packages_past_its_size(tmp_path):
+    import os
+    for i, name in enumerate(["step-a.pt2", "step-b.pt2", "step-c.pt2", "step-new.pt2"]):
+        (tmp_path / name).write_bytes(b"x" * 100)
+        os.utime(tmp_path / name, (1000 + i, 1000 + i))  # a is the least recently used
+    os.utime(tmp_path / "step-a.pt2", (2000, 2000))  # ... until it was loaded again: now b is
+    (tmp_path / "other.txt").write_bytes(b"y" * 1000)  # not a package: never counted, never deleted
+    gone = aot.evict(tmp_path, keep=tmp_path / "step-new.pt2", max_bytes=250)
+    assert [p.name for p in gone] == ["step-b.pt2", "step-c.pt2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "step-a.pt2", "step-new.pt2"]
+    assert aot.evict(tmp_path, keep=tmp_path / "step-new.pt2", max_bytes=50) == [tmp_path / "step-a.pt2"]
+    assert (tmp_path / "step-new.pt2").exists()  # the one just written stays, even alone over the limit
+
+
 def test_the_package_key_follows_the_weights_and_the_batch():
     model = tiny("llama")
     key = aot.package_key(model, 1, {})

@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="decode through a compiled step with a static KV cache: ~2.5x the eager fp32 tokens/s "
                         "on a CPU. The first run for a model and batch size compiles for 1.5-3 minutes and saves "
-                        "the step under $ATTNLAB_CACHE/compiled (default ~/.cache/attnlab; ~2x the weights on "
-                        "disk); later runs load it in seconds. A .gguf decodes faster without it: --compile "
+                        "the step under $ATTNLAB_CACHE/compiled (default ~/.cache/attnlab; ~1-2x the weights on "
+                        "disk, at most $ATTNLAB_COMPILED_MAX_GB=8 GB in all); later runs load it in seconds. A .gguf decodes faster without it: --compile "
                         "dequantizes to fp32, while its default quantized path is ~2x the compiled speed")
     p.add_argument("--dequantize", action="store_true",
                    help=".gguf: dequantize the weights to fp32 (default: Q4_0/Q4_1/Q8_0 stay quantized, "

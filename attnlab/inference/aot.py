@@ -35,6 +35,9 @@ _TRACED_SOURCES = ("nn", "models", "config.py", "inference/compiled.py", "infere
 
 # what this process did, for tests and benchmarks: packages compiled, packages loaded from disk
 counts = {"built": 0, "loaded": 0}
+# Packages are ~2x the weights (1.1 GB for SmolLM2-135M in fp32): past this total the least recently used
+# ones are deleted after a new one is written ($ATTNLAB_COMPILED_MAX_GB, default 8).
+DEFAULT_MAX_GB = 8.0
 
 
 def cache_dir() -> Path:
@@ -90,6 +93,8 @@ def load_or_build(fn, model: nn.Module, args: tuple, inductor_options: dict, *, 
     path = directory / f"step-{package_key(model, token.size(0), inductor_options)}.pt2"
     if not path.exists():
         _build(fn, model, args, inductor_options, path)
+        evict(directory, keep=path)
+    os.utime(path)  # "recently used", for evict()
     t = time.perf_counter()
     runner = torch._inductor.aoti_load_package(str(path))
     counts["loaded"] += 1
@@ -122,3 +127,25 @@ def _build(fn, model, args, inductor_options, path: Path) -> None:
     counts["built"] += 1
     print(f"compiled in {time.perf_counter() - t:.0f}s: {path} ({path.stat().st_size / 1e6:.0f} MB)",
           file=sys.stderr)
+
+
+def evict(directory: Path, keep: Path, max_bytes: float | None = None) -> list[Path]:
+    """Delete the least recently used packages in `directory` until they total at most `max_bytes`
+    (default $ATTNLAB_COMPILED_MAX_GB GB); `keep` (the one just written) stays whatever its size.
+    Returns the deleted paths."""
+    if max_bytes is None:
+        max_bytes = float(os.environ.get("ATTNLAB_COMPILED_MAX_GB", DEFAULT_MAX_GB)) * 1e9
+    packages = sorted(Path(directory).glob("step-*.pt2"), key=lambda p: p.stat().st_mtime)  # oldest first
+    total = sum(p.stat().st_size for p in packages)
+    gone = []
+    for p in packages:
+        if total <= max_bytes:
+            break
+        if p == keep:
+            continue
+        total -= p.stat().st_size
+        p.unlink(missing_ok=True)
+        gone.append(p)
+        print(f"removed the least recently used compiled step {p.name} (the cache holds at most "
+              f"{max_bytes / 1e9:g} GB: $ATTNLAB_COMPILED_MAX_GB)", file=sys.stderr)
+    return gone
