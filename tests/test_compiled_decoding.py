@@ -121,6 +121,27 @@ def test_a_second_process_loads_the_compiled_step_instead_of_compiling(package_d
     assert aot.counts["built"] == before["built"] and aot.counts["loaded"] == before["loaded"] + 1
 
 
+def test_a_damaged_package_is_compiled_again(package_dir, tmp_path):
+    (package,) = package_dir.glob("step-*.pt2")
+    (tmp_path / package.name).write_bytes(package.read_bytes()[:4096])  # cut short, as by a full disk
+    model = tiny("llama")
+    decoder = compiled.StaticDecoder(model, autotune=False, cache_dir=tmp_path)
+    ids, mask = left_padded()
+    before = dict(aot.counts)
+    got = decoder_generate(decoder, model, ids, mask)
+    assert aot.counts["built"] == before["built"] + 1 and decoder.persist  # rebuilt, still packaged
+    assert (tmp_path / package.name).stat().st_size > 100 * 4096  # a whole package again
+    assert torch.equal(got, generate(model, ids, mask, max_new_tokens=4, eos_token_id=[]))
+
+
+def decoder_generate(decoder, model, ids, mask):
+    compiled._DECODERS[model] = decoder
+    try:
+        return generate(model, ids, mask, max_new_tokens=4, eos_token_id=[], compile=True)
+    finally:
+        compiled.forget(model)
+
+
 def test_the_cache_drops_the_least_recently_used_packages_past_its_size(tmp_path):
     import os
     for i, name in enumerate(["step-a.pt2", "step-b.pt2", "step-c.pt2", "step-new.pt2"]):

@@ -91,12 +91,21 @@ def load_or_build(fn, model: nn.Module, args: tuple, inductor_options: dict, *, 
     token = args[0]
     directory = Path(directory) if directory is not None else cache_dir()
     path = directory / f"step-{package_key(model, token.size(0), inductor_options)}.pt2"
-    if not path.exists():
+    built = not path.exists()
+    if built:
         _build(fn, model, args, inductor_options, path)
         evict(directory, keep=path)
     os.utime(path)  # "recently used", for evict()
     t = time.perf_counter()
-    runner = torch._inductor.aoti_load_package(str(path))
+    try:
+        runner = torch._inductor.aoti_load_package(str(path))
+    except Exception as e:  # a damaged file (a full disk, a copy cut short): replace it rather than trip on it
+        if built:
+            raise
+        print(f"\nthe compiled step {path} does not load ({type(e).__name__}); compiling it again",
+              file=sys.stderr, flush=True)
+        path.unlink(missing_ok=True)
+        return load_or_build(fn, model, args, inductor_options, directory=directory)
     counts["loaded"] += 1
     print(f"\ncompiled decode step loaded from {path} in {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
     return runner, path
