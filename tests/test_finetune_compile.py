@@ -54,3 +54,26 @@ def test_finetune_compile_compiles_the_step_once_and_feeds_it_padded_batches(tin
     assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(tmp_path / "o2"),
                  "--epochs", "1", "--no-progress"]) == 0
     assert len(compiled) == 1
+
+
+def test_finetune_precision_bf16_runs_the_steps_under_autocast(tiny, data_dir, tmp_path, monkeypatch):
+    seen = []
+    real = torch.autocast
+
+    def spy(*args, **kwargs):  # the Trainer's autocast context: record what it asked for
+        seen.append(kwargs.get("dtype"))
+        return real(*args, **kwargs)
+    import attnlab.training.trainer as trainer
+    monkeypatch.setattr(trainer.torch, "autocast", spy)
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text().splitlines()
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(lines[:41]) + "\n")
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(tmp_path / "out"),
+                 "--epochs", "1", "--no-progress", "--precision", "bf16"]) == 0
+    import json
+    summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert summary["precision"] == "bf16" and torch.bfloat16 in seen
+    weights = attnlab.load(tmp_path / "out").state_dict()
+    assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())  # saved in fp32
+    with pytest.raises(SystemExit):  # argparse names the choices
+        main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--precision", "fp16"])

@@ -97,6 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the training step (forward + backward); batches are padded to multiples "
                         "of 32 tokens so that a few shapes compile, each once (tens of seconds to minutes on a CPU)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: forward and backward under bf16 autocast, weights and AdamW in fp32 (faster where "
+                        "the CPU has AVX512-BF16 or AMX: see lscpu; emulated and slower elsewhere, with a warning)")
     p.add_argument("--train-embeddings", action="store_true",
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--from-scratch", action="store_true",
@@ -158,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
                        freeze_embeddings=not args.train_embeddings, progress=args.progress,
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
-                       setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile)
+                       setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile,
+                       precision=args.precision)
     print(json.dumps(summary))
     return 0
 
