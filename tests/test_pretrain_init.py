@@ -117,7 +117,9 @@ def test_init_from_loads_the_weights_and_continues(corpus, tmp_path, layout):
     if layout == "MaskedLM":  # loss at step 0 is the source model's own on that batch
         assert step1 == pytest.approx(_first_batch_loss(src, corpus, cfg), abs=1e-5)
         _run(corpus, tmp_path / "scratch", *TINY, "train.seed=3")
-        assert _losses(tmp_path / "scratch")[1] > step1 + 0.2  # trained weights, not a random start
+        # trained weights, not a random start: 30 source steps put step 1 0.20-0.36 below a random start's
+        # (4 runs; the tiny runs are not bit-reproducible across machine load), so ask for half the smallest
+        assert _losses(tmp_path / "scratch")[1] > step1 + 0.1
     else:
         # the backbone is the source's: only the fresh head separates it from a model built by hand
         torch.manual_seed(3)  # the seed init_from builds the fresh head with
