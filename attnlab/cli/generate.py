@@ -59,10 +59,12 @@ def _keep_quantized(args: argparse.Namespace) -> bool:
     fp32 model) asks otherwise, or the block kernels cannot be built here (then fp32, with a note)."""
     from ..interop.api import keeps_quantized
     note = lambda s: print(s, file=sys.stderr)  # noqa: E731
-    if args.compile and not args.dequantize and keeps_quantized(args.model, note=note):
+    quantized = keeps_quantized(args.model, args.dequantize, note=note)
+    if quantized and args.compile:  # inductor compiles the fp32 model
         note("note: --compile dequantizes this .gguf to fp32; its default quantized path decodes about 2x "
              "faster at batch 1 (benchmarks/compile_start.py)")
-    return keeps_quantized(args.model, args.dequantize or args.compile, note=note)
+        return False
+    return quantized
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,12 +65,13 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def package_key(model: nn.Module, batch: int, options: dict) -> str:
+def package_key(model: nn.Module, batch: int, options: dict, weights: str | None = None) -> str:
+    """weights: the model's `weights_digest`, when the caller already has it (hashing reads every weight)."""
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else repr(model.config)
     meta = json.dumps({"torch": torch.__version__, "batch": batch, "options": options, "config": config,
                        "device": str(next(model.parameters()).device), "cpu": cpu_key(),
                        "source": _source_digest()}, sort_keys=True, default=str)
-    return hashlib.sha256((meta + weights_digest(model)).encode()).hexdigest()[:24]
+    return hashlib.sha256((meta + (weights or weights_digest(model))).encode()).hexdigest()[:24]
 
 
 class _Step(nn.Module):
@@ -84,13 +85,14 @@ class _Step(nn.Module):
         return self.fn(self.model, token, position, allowed, col, keys, values)
 
 
-def load_or_build(fn, model: nn.Module, args: tuple, inductor_options: dict, *, directory: Path | None = None):
+def load_or_build(fn, model: nn.Module, args: tuple, inductor_options: dict, *, directory: Path | None = None,
+                  weights: str | None = None):
     """The AOTInductor runner of `fn(model, token, position, allowed, col, keys, values)` for these
     arguments' batch size: loaded from `directory` (default `cache_dir()`) when a package with this key
     exists, else exported, compiled (minutes, once) and saved there. Returns (runner, path)."""
     token = args[0]
     directory = Path(directory) if directory is not None else cache_dir()
-    path = directory / f"step-{package_key(model, token.size(0), inductor_options)}.pt2"
+    path = directory / f"step-{package_key(model, token.size(0), inductor_options, weights)}.pt2"
     built = not path.exists()
     if built:
         _build(fn, model, args, inductor_options, path)
@@ -105,7 +107,7 @@ def load_or_build(fn, model: nn.Module, args: tuple, inductor_options: dict, *, 
         print(f"\nthe compiled step {path} does not load ({type(e).__name__}); compiling it again",
               file=sys.stderr, flush=True)
         path.unlink(missing_ok=True)
-        return load_or_build(fn, model, args, inductor_options, directory=directory)
+        return load_or_build(fn, model, args, inductor_options, directory=directory, weights=weights)
     counts["loaded"] += 1
     print(f"\ncompiled decode step loaded from {path} in {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
     return runner, path

@@ -133,6 +133,7 @@ class _CompiledStep:
         self.autotune, self.backend = autotune, backend
         self.persist = persist and backend == "inductor" and self._persistable
         self.cache_dir, self._runners = cache_dir, {}  # batch size -> AOTInductor runner
+        self._weights = None  # aot.weights_digest, hashed once: the weights are a frozen snapshot (see forget)
         self._compiled = torch.compile(type(self)._fn, backend=backend, fullgraph=True)
 
     def _inductor_options(self) -> dict:
@@ -153,8 +154,9 @@ class _CompiledStep:
             batch = args[0].size(0)
             if batch not in self._runners:
                 try:
+                    self._weights = self._weights or aot.weights_digest(model)
                     self._runners[batch] = aot.load_or_build(type(self)._fn, model, args, self._inductor_options(),
-                                                             directory=self.cache_dir)[0]
+                                                             directory=self.cache_dir, weights=self._weights)[0]
                 except Exception as e:  # export can refuse what dynamo traces: compile in-process instead
                     print(f"note: the compiled step could not be packaged ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}); compiling it in this process only",
