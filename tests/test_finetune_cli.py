@@ -177,3 +177,19 @@ def test_the_default_schedule_gives_small_data_more_steps():
     assert steps(225, batch=64, batch_given=True)[2] == 64
     assert small[3] == 1e-4 and mid[3] == full[3] == 5e-5     # a higher peak rate for tiny data ...
     assert steps(225, lr=3e-5, lr_given=True)[3] == 3e-5       # ... unless the user chose one
+
+
+def test_max_minutes_stops_the_encoder_finetune_evaluates_and_keeps_the_model(tiny, data_dir, tmp_path, capsys):
+    # --max-minutes used to be read only by translation: an encoder task accepted it and ignored it
+    out = tmp_path / "budget"
+    assert main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--epochs", "3",
+                 "--max-train-samples", "200", "--max-eval-samples", "40", "--max-length", "32",
+                 "--max-minutes", "0.0001", "--no-progress"]) == 0
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["stopped_by_time"] is True and summary["max_minutes"] == 0.0001
+    assert summary["steps"] == 1 and summary["best_step"] == 1 and "eval_accuracy" in summary
+    assert "stopped at step 1: train.max_minutes=0.0001 reached" in capsys.readouterr().err
+    assert (out / "model.safetensors").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--max-minutes", "0"])
+    assert e.value.code == 2 and "must be more than 0 minutes" in capsys.readouterr().err

@@ -81,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=42, help="random seed (default 42)")
     p.add_argument("--eval-every", type=int, help="also evaluate every N steps (default: each epoch end)")
     p.add_argument("--patience", type=int, help="stop after N evaluations without improvement")
+    p.add_argument("--max-minutes", type=_minutes, metavar="M",
+                   help="time budget: stop after M minutes of training, evaluate, and keep the best model so far "
+                        "(the learning-rate schedule is still planned for --epochs: size them to fit)")
     p.add_argument("--max-train-samples", type=int, help="train on a seeded random subset of this size")
     p.add_argument("--max-eval-samples", type=int, help="validate on a seeded random subset of this size")
     p.add_argument("--pooling", choices=("cls", "mean"),
@@ -129,7 +132,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a preset field (JSON value), e.g. --set hidden_size=256 --set extra.num_decoder_layers=3")
     t.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary size (default 8000)")
     t.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (default 4096)")
-    t.add_argument("--max-minutes", type=float, help="stop training after this many minutes")
     t.add_argument("--warmup", type=int, help="warmup steps of the inverse square-root schedule (preset default)")
     t.add_argument("--lr-factor", type=float, default=1.0, help="multiplies the schedule (default 1.0)")
     t.add_argument("--eval-beams", type=int, default=1, help="beams when validating (default 1: greedy)")
@@ -139,6 +141,13 @@ def _steps(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value}: must be 0 (off) or more")
+    return value
+
+
+def _minutes(text: str) -> float:
+    value = float(text)
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text}: must be more than 0 minutes")
     return value
 
 
@@ -162,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
                        setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile,
-                       precision=args.precision)
+                       precision=args.precision, max_minutes=args.max_minutes)
     print(json.dumps(summary))
     return 0
 

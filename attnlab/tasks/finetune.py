@@ -141,7 +141,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              save_every: int = 0, resume: bool = False, parallel: str = "ddp",
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None,
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False,
-             precision: str = "fp32") -> dict:
+             precision: str = "fp32", max_minutes: float | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
@@ -155,6 +155,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     of COMPILE_PAD tokens so that only a few shapes get compiled.
     precision: "bf16" runs forward and backward under bf16 autocast (train.precision of the Trainer; weights,
     gradients and AdamW stay fp32); fast only where the CPU has AVX512-BF16/AMX (a warning otherwise).
+    max_minutes: a time budget (train.max_minutes of the Trainer): training stops after it, evaluates, and the best
+    model so far is what `output` holds; the summary says stopped_by_time. The schedule stays planned for `epochs`.
     setfit_pairs: "sampled" (SetFit's sampler) or "all" (every pair within a batch of sentences).
     setfit_steps: steps of SetFit's contrastive pairs on the encoder before the head (tasks/setfit.py, Tunstall
     et al. 2022); the head then reads mean pooling and starts from a probe, unless given. None follows
@@ -335,7 +337,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                      eval_every=eval_every or steps_per_epoch, log_every=log_every,
                      save_every=save_every, keep_last=2 if save_every else 0, resume=resume, parallel=parallel,
                      progress=progress, best_metric=task.main_metric, patience=patience or 0, compile=compile,
-                     precision=precision)
+                     precision=precision, max_minutes=max_minutes or 0.0)
 
     base_name = str(model)
 
@@ -363,10 +365,13 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     else:  # SetFit's probe-fitted head with no fine-tuning after: score it (when there is validation data), keep it
         step, best = 0, {"step": 0, **(trainer.evaluate() if valid_ex else {})}
         on_best(net, best)
+    stopped_by = trainer.stopped_by if total else ""
 
     summary = {"task": task.name, "model": str(model), "train": train_path, "valid": valid_desc,
                "train_examples": len(train_ex), "valid_examples": len(valid_ex), "steps": step,
-               "best_step": best.get("step"), "epochs": epochs, "lr": lr, "batch_size": batch_size,
+               "best_step": best.get("step"),
+               **({"max_minutes": max_minutes, "stopped_by_time": stopped_by == "max_minutes"} if max_minutes else {}),
+               "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings, "precision": precision,
                **({"pooling": net.config.classifier_pooling, "head_init": head_init, "setfit_steps": setfit_steps,
                   **({"setfit_pairs": setfit_pairs} if setfit_steps else {})}

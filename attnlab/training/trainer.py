@@ -174,6 +174,7 @@ class Trainer:
         self.step = 0
         self.batches_seen = 0
         self.skips = 0                 # steps skipped for a non-finite loss (nan_policy=skip)
+        self.stopped_by = ""           # why train() ended before max_steps: "patience" or "max_minutes"
         self.last_eval: dict[str, float] = {}
         self.best: dict[str, float] = {}    # {"step", "eval_*"} of the best evaluation (args.best_metric)
         self.evals_since_best = 0
@@ -448,10 +449,12 @@ class Trainer:
                     or early_stop:
                 self.save()
             if early_stop and self.step < stop:
+                self.stopped_by = "patience"
                 bar.write(f"stopped at step {self.step}: no better eval_{args.best_metric} in "
                           f"{self.evals_since_best} evaluations (train.patience={args.patience})", file=sys.stderr)
                 break
             if out_of_time and self.step < stop:
+                self.stopped_by = "max_minutes"
                 bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached",
                           file=sys.stderr)
                 if not (args.eval_every and self.step % args.eval_every == 0):
