@@ -193,3 +193,19 @@ def test_max_minutes_stops_the_encoder_finetune_evaluates_and_keeps_the_model(ti
     with pytest.raises(SystemExit) as e:
         main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--max-minutes", "0"])
     assert e.value.code == 2 and "must be more than 0 minutes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sst2", "--model", "minilm", "--warmup", "100", "--eval-beams", "4"],
+     "finetune sst2 does not read --warmup, --eval-beams; remove them"),
+    (["sst2", "--model", "t5-small", "--text-to-text", "--pooling", "mean"],
+     "finetune sst2 --text-to-text does not read --pooling; remove it"),
+    (["translation", "--lr", "1e-3", "--precision", "bf16"],
+     "finetune translation does not read --precision, --lr; remove them"),
+])
+def test_an_option_the_run_would_not_read_is_refused_before_any_work(argv, message, tmp_path, capsys):
+    # argparse takes every option for every task, so without this e.g. --warmup on SST-2 was silently ignored
+    assert main(["finetune", *argv, "--output", str(tmp_path / "o")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # (a CPU without bf16 warns first of --precision bf16)
+    assert last == f"attnlab finetune: error: {message} (see finetune --help for what it takes)"
+    assert not (tmp_path / "o").exists()

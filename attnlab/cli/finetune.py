@@ -151,15 +151,46 @@ def _minutes(text: str) -> float:
     return value
 
 
+# Options each kind of run never reads, with their defaults: set to anything else they are refused, so a user
+# never believes e.g. --warmup shaped an SST-2 run that ignored it.
+_TRANSLATION_ONLY = {"src_lang": None, "tgt_lang": None, "directions": None, "train_src": None, "train_tgt": None,
+                     "valid_src": None, "valid_tgt": None, "max_tokens": 4096, "warmup": None, "lr_factor": 1.0,
+                     "eval_beams": 1}
+_ENCODER_ONLY = {"pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all", "compile": False,
+                 "precision": "fp32", "train_embeddings": False, "from_scratch": False, "lora": None}
+_NOT_READ = {
+    "encoder": {**_TRANSLATION_ONLY, "set": [], "vocab_size": 8000},
+    "text-to-text": {**_TRANSLATION_ONLY, **_ENCODER_ONLY, "save_every": 0, "resume": False, "parallel": "ddp"},
+    "translation": {**_ENCODER_ONLY, "train": None, "valid": None, "lr": None, "batch_size": None, "patience": None,
+                    "max_train_samples": None, "text_to_text": False},
+}
+
+
+class UnreadOption(ValueError):
+    exit_status = 2  # a usage error, like argparse's
+
+
+def _refuse_unread(args: argparse.Namespace, kind: str) -> None:
+    unread = [f"--{name.replace('_', '-')}" for name, default in _NOT_READ[kind].items()
+              if getattr(args, name, default) != default]
+    if unread:
+        what = {"encoder": f"finetune {args.task}", "text-to-text": f"finetune {args.task} --text-to-text",
+                "translation": "finetune translation"}[kind]
+        raise UnreadOption(f"{what} does not read {', '.join(unread)}; remove "
+                           f"{'it' if len(unread) == 1 else 'them'} (see finetune --help for what it takes)")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.save_every < 0:  # before any work (TrainArgs would refuse it only after the data is read)
         raise ValueError(f"--save-every {args.save_every}: must be 0 (no training checkpoints) or more")
     if args.task == "translation":
         if args.lora:
             raise ValueError("finetune translation: --lora is for the encoder tasks (and attnlab sft for decoders)")
+        _refuse_unread(args, "translation")
         return _translation(args)
     if not args.model:
         raise ValueError(f"finetune {args.task}: --model is required")
+    _refuse_unread(args, "text-to-text" if args.text_to_text else "encoder")
     if args.text_to_text:
         return _text_to_text(args)
     from ..tasks.finetune import finetune
