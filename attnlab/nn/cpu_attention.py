@@ -10,15 +10,12 @@ over torch's intra-op thread count (ctypes releases the GIL while a call runs).
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 
-from .quantized import kernels
+from .quantized import kernels, split_rows
 
 MAX_KEYS = 128       # beyond it torch's flash kernel (key blocks, no per-head padding) is as fast
 _MAX_TILE = 16384    # the kernel's stack tile: head_dim x keys padded to 16
-_pool: ThreadPoolExecutor | None = None
 
 
 def _supported(lib) -> bool:
@@ -46,13 +43,5 @@ def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: tor
     strides = [(ctypes.c_int64 * 3)(t.stride(0), t.stride(1), t.stride(2)) for t in (q, k, v)]
     args = (q.data_ptr(), strides[0], k.data_ptr(), strides[1], v.data_ptr(), strides[2], b, hq, hk, tq, tk, d,
             None if keep is None else keep.data_ptr(), float(scale), out.data_ptr())
-    rows, threads = b * hq, min(torch.get_num_threads(), b * hq)
-    if threads <= 1:
-        lib.short_attention(*args, 0, rows)
-    else:
-        global _pool
-        if _pool is None or _pool._max_workers < threads:
-            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnlab-attention")
-        cuts = [rows * i // threads for i in range(threads + 1)]
-        list(_pool.map(lambda i: lib.short_attention(*args, cuts[i], cuts[i + 1]), range(threads)))
+    split_rows(lambda start, end: lib.short_attention(*args, start, end), b * hq)
     return out.transpose(1, 2)

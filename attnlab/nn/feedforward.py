@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from . import fused
 from .cpu_linear import forget_packed, module_linear
 
 
@@ -47,5 +48,10 @@ class FeedForward(nn.Module):
                 out = module_linear(self.down, h)
                 return out if out is not None else self.down(h)
         if self.gate is not None:
-            return self.down(self.act(self.gate(x)) * self.up(x))
+            g = self.gate(x)
+            if self.activation in ("silu", "swiglu"):  # SwiGLU at inference on a CPU: one pass (nn/fused.py)
+                u = self.up(x)
+                h = fused.silu_mul(g, u)
+                return self.down(h if h is not None else self.act(g) * u)
+            return self.down(self.act(g) * self.up(x))
         return self.down(self.act(self.up(x)))

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from . import fused
 
 
 class RMSNorm(nn.Module):
@@ -18,6 +19,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype and not torch.is_grad_enabled() and not torch.is_autocast_enabled():
+            out = fused.rms_norm(x, self.weight, self.eps)  # one pass on a CPU (nn/fused.py), else torch's
+            if out is not None:
+                return out
             # inference: torch's fused kernel (fp32 accumulation for bf16 too), the same values as below
             # without the fp32 copy of x: ~25% less norm time on a bf16 model
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)

@@ -10,6 +10,8 @@ import math
 import torch
 from torch import nn
 
+from . import fused
+
 
 def sinusoidal_table(num_positions: int, dim: int, halves: bool = False, fairseq: bool = False,
                      padding_idx: int | None = None) -> torch.Tensor:
@@ -68,6 +70,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     r = cos.size(-1)
+    out = fused.rope(x, cos, sin) if r == x.size(-1) else None  # one pass at CPU inference (nn/fused.py)
+    if out is not None:
+        return out
     if r < x.size(-1):  # partial rotary (GPT-NeoX, Black et al. 2022, §2): only the first r dimensions turn
         return torch.cat((apply_rotary(x[..., :r], cos, sin), x[..., r:]), dim=-1)
     return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))

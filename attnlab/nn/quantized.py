@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -29,14 +30,16 @@ from .precision import cache_root, cpu_key
 # GGML type id -> (name, bytes per block of 32 weights)
 BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 # every C kernel of the package, built into one library: the GGUF block products here, the int8 rows of
-# nn/int8.py and the short-sequence attention of nn/cpu_attention.py
-_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("ggml_blocks.c", "int8_rows.c", "short_attention.c")]
+# nn/int8.py, the short-sequence attention of nn/cpu_attention.py and the one-pass rows of nn/fused.py
+_SOURCES = [Path(__file__).with_name("csrc") / name
+            for name in ("ggml_blocks.c", "int8_rows.c", "short_attention.c", "fused_rows.c")]
 # From this many input rows on, BlockLinear dequantizes weight tiles and multiplies with torch's GEMM; below,
 # the block kernel's dot products (batch-1 decoding reads each weight once: bytes moved dominate).
 GEMM_ROWS = 64
 _TILE_WEIGHTS = 1 << 20  # weights dequantized at a time (4 MB fp32): every SmolLM2 matrix but the LM head
 _lib = None
 _error: str | None = None
+_pool: ThreadPoolExecutor | None = None
 
 
 def _build() -> ctypes.CDLL:
@@ -70,6 +73,9 @@ def _build() -> ctypes.CDLL:
     lib.int8_dequant_rows.argtypes = [p, p, p, p, i64, i64]
     lib.short_attention.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, p, f32, p, i64, i64]
     lib.short_attention_supported.restype = i32
+    lib.silu_mul_rows.argtypes = [p, p, p, i32, i64, i64]
+    lib.rms_norm_rows.argtypes = [p, p, p, i64, f32, i32, i64, i64]
+    lib.rope_rows.argtypes = [p, p, p, p, i64, i32, p, p, i64, i64, i64, i32, i64, i64]
     return lib
 
 
@@ -98,6 +104,20 @@ def exact_products(on: bool = True):
     finally:
         if lib is not None:
             lib.ggml_exact(old)
+
+
+def split_rows(call, rows: int, min_rows: int = 1) -> None:
+    """call(start, end) over [0, rows), split across torch's intra-op thread count (at least `min_rows` each):
+    a kernel call releases the GIL (ctypes), so the threads run in parallel."""
+    threads = max(1, min(torch.get_num_threads(), rows // max(1, min_rows)))
+    if threads == 1:
+        call(0, rows)
+        return
+    global _pool
+    if _pool is None or _pool._max_workers < threads:
+        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnlab-kernels")
+    cuts = [rows * i // threads for i in range(threads + 1)]
+    list(_pool.map(lambda i: call(cuts[i], cuts[i + 1]), range(threads)))
 
 
 def available() -> bool:

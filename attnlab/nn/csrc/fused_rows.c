@@ -1,0 +1,122 @@
+/* One-pass element-wise kernels for inference on a CPU, fp32 or bf16 rows (attnlab/nn/fused.py).
+ * Part of attnlab; built with the other kernels by attnlab/nn/quantized.py and called via ctypes.
+ *
+ * Why: in a LLaMA-style model evaluated in bf16 on a CPU the GEMMs and attention are torch's, but torch's
+ * RMSNorm (pow, mean, rsqrt, two multiplies and casts, each a pass over the activations) and SiLU-gate
+ * (silu, then a multiply) took ~8% of SmolLM2's time on 4 x 1,024-token windows. Here each is one pass.
+ *
+ * Numbers: the same operations in the same order as torch's ops (bf16 rounded where torch rounds: F.rms_norm
+ * rounds w * x * rsqrt(mean(x^2) + eps) once; silu(gate) is rounded before it multiplies up). What differs: the sum of
+ * squares is accumulated 16 lanes wide (another order than torch's), and e^x is a Cephes polynomial (~1
+ * ulp in fp32), so an fp32 result differs from torch's by rounding and a bf16 one at most by one bf16 ulp,
+ * rarely. Portable C: the loops are written so that `cc -O3 -march=native` vectorizes them (AVX2 or AVX-512).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline __attribute__((always_inline)) float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+/* fp32 -> bf16 rounding to nearest even, NaN kept a (quiet) NaN: torch's cast */
+static inline __attribute__((always_inline)) uint16_t f2bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((f != f) ? ((u >> 16) | 0x40u) : rounded);
+}
+
+static inline __attribute__((always_inline)) float round_as(float v, int bf16) { return bf16 ? bf2f(f2bf16(v)) : v; }
+
+#define AI static inline __attribute__((always_inline))
+
+AI float load(const void *p, int64_t i, int bf16) {
+    return bf16 ? bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+AI void store(void *p, int64_t i, float v, int bf16) {
+    if (bf16) ((uint16_t *)p)[i] = f2bf16(v); else ((float *)p)[i] = v;
+}
+
+/* e^x, x clamped to [-87, 88] (the result stays a normal float): Cephes' expf polynomial on x - n ln2, times
+ * 2^n built in the exponent bits. n is rounded with the 1.5 * 2^23 trick, which vectorizes everywhere. */
+AI float exp_poly(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + (r + 1.0f);
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale; memcpy(&scale, &e, 4);
+    return p * scale;
+}
+
+/* out[i] = silu(gate[i]) * up[i] for elements [start, end) (out may be gate: in place). */
+AI void silu_mul(const void *gate, const void *up, void *out, int bf16, int64_t start, int64_t end) {
+    for (int64_t i = start; i < end; i++) {
+        float g = load(gate, i, bf16);
+        float s = round_as(g / (1.0f + exp_poly(-g)), bf16);
+        store(out, i, s * load(up, i, bf16), bf16);
+    }
+}
+
+void silu_mul_rows(const void *gate, const void *up, void *out, int bf16, int64_t start, int64_t end) {
+    if (bf16) silu_mul(gate, up, out, 1, start, end); else silu_mul(gate, up, out, 0, start, end);
+}
+
+/* RMSNorm of rows [start, end) of x (rows of `cols`, contiguous): out = w * (x / sqrt(mean(x^2) + eps)),
+ * rounded once, as torch's F.rms_norm does. */
+AI void rms_norm(const void *x, const void *w, void *out, int64_t cols, float eps, int bf16,
+                 int64_t start, int64_t end) {
+    for (int64_t r = start; r < end; r++) {
+        const int64_t o = r * cols;
+        float acc[16] = {0};
+        int64_t j = 0;
+        for (; j + 16 <= cols; j += 16)
+            for (int l = 0; l < 16; l++) { float v = load(x, o + j + l, bf16); acc[l] += v * v; }
+        float sum = 0.0f;
+        for (; j < cols; j++) { float v = load(x, o + j, bf16); sum += v * v; }
+        for (int l = 0; l < 16; l++) sum += acc[l];
+        const float inv = 1.0f / sqrtf(sum / (float)cols + eps);
+        for (j = 0; j < cols; j++)
+            store(out, o + j, load(w, j, bf16) * (load(x, o + j, bf16) * inv), bf16);
+    }
+}
+
+void rms_norm_rows(const void *x, const void *w, void *out, int64_t cols, float eps, int bf16,
+                   int64_t start, int64_t end) {
+    if (bf16) rms_norm(x, w, out, cols, eps, 1, start, end); else rms_norm(x, w, out, cols, eps, 0, start, end);
+}
+
+/* Rotary embedding (Su et al. 2021) of rows [start, end) of x (B, H, T, D), flattened over (B, H, T); x and
+ * out are given by element strides {batch, head, position}, the last dimension contiguous. cos / sin are
+ * (B or 1, T, D) contiguous rows, `cs_batch` their batch stride (0: shared), fp32 or of x's dtype.
+ * out = x * cos + rotate_half(x) * sin with torch's roundings: cos and sin cast to x's dtype, each product
+ * rounded, then the sum (rotate_half(x) = (-x2, x1) over the two halves of D). */
+AI void rope(const void *x, const int64_t *xs, const void *cos, const void *sin, int64_t cs_batch, int cs_bf16,
+             void *out, const int64_t *os, int64_t H, int64_t T, int64_t D, int bf16, int64_t start, int64_t end) {
+    const int64_t half = D / 2;
+    for (int64_t r = start; r < end; r++) {
+        const int64_t b = r / (H * T), h = (r / T) % H, t = r % T;
+        const int64_t xo = b * xs[0] + h * xs[1] + t * xs[2], oo = b * os[0] + h * os[1] + t * os[2];
+        const int64_t co = b * cs_batch + t * D;
+        for (int64_t d = 0; d < half; d++) {
+            const float x1 = load(x, xo + d, bf16), x2 = load(x, xo + d + half, bf16);
+            const float c1 = round_as(load(cos, co + d, cs_bf16), bf16), c2 = round_as(load(cos, co + d + half, cs_bf16), bf16);
+            const float s1 = round_as(load(sin, co + d, cs_bf16), bf16), s2 = round_as(load(sin, co + d + half, cs_bf16), bf16);
+            store(out, oo + d, round_as(x1 * c1, bf16) + round_as(-x2 * s1, bf16), bf16);
+            store(out, oo + d + half, round_as(x2 * c2, bf16) + round_as(x1 * s2, bf16), bf16);
+        }
+    }
+}
+
+void rope_rows(const void *x, const int64_t *xs, const void *cos, const void *sin, int64_t cs_batch, int cs_bf16,
+               void *out, const int64_t *os, int64_t H, int64_t T, int64_t D, int bf16, int64_t start, int64_t end) {
+    if (bf16 && cs_bf16) rope(x, xs, cos, sin, cs_batch, 1, out, os, H, T, D, 1, start, end);
+    else if (bf16) rope(x, xs, cos, sin, cs_batch, 0, out, os, H, T, D, 1, start, end);
+    else rope(x, xs, cos, sin, cs_batch, 0, out, os, H, T, D, 0, start, end);
+}

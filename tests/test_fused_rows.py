@@ -1,0 +1,99 @@
+"""The one-pass CPU kernels of nn/fused.py (RMSNorm, SiLU gate, bf16 RoPE) against the torch ops they replace,
+on their own and inside a model; and the cases where they must stand aside."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnlab
+from attnlab.config import preset
+from attnlab.nn import fused
+from attnlab.nn.positions import RotaryEmbedding, rotate_half
+
+pytestmark = pytest.mark.skipif(fused.kernels() is None, reason="no C compiler: the kernels cannot be built")
+BF16_ULP = 2 ** -7  # relative spacing of bf16 values
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+def _close(out, ref, dtype):
+    """fp32: rounding only; bf16: at most one bf16 ulp, and rarely (the sum order and e^x may move the last bit)."""
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+        return
+    diff = (out.float() - ref.float()).abs()
+    assert (diff <= ref.float().abs() * BF16_ULP + 1e-30).all()
+    assert (out != ref).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rms_norm_and_silu_gate_equal_torch(dtype, threads):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = (torch.randn(300, 576, generator=gen) * 3).to(dtype)
+        w = torch.nn.Parameter(torch.randn(576, generator=gen).to(dtype))
+        _close(fused.rms_norm(x, w, 1e-5), F.rms_norm(x, (576,), w, 1e-5), dtype)
+        g = (torch.randn(300, 1536, generator=gen) * 4).to(dtype)
+        g[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # the ends of e^x's clamp and zero
+        u = torch.randn(300, 1536, generator=gen).to(dtype)
+        _close(fused.silu_mul(g, u), F.silu(g) * u, dtype)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("batch_cos", [1, 3])
+def test_bf16_rope_equals_torch_bit_for_bit_on_a_strided_slice(batch_cos):
+    b, h, t, d = 3, 4, 50, 64
+    stacked = torch.randn(b, t, 3 * h, d).bfloat16()  # Q, K, V side by side, as one stacked product gives them
+    q = stacked[:, :, :h].transpose(1, 2)
+    cos, sin = RotaryEmbedding(d)(torch.arange(t)[None].expand(batch_cos, t) + torch.arange(batch_cos)[:, None])
+    out = fused.rope(q, cos, sin)
+    ref = q * cos.to(q.dtype) + rotate_half(q) * sin.to(q.dtype)
+    assert out is not None and torch.equal(out, ref)
+
+
+def test_the_kernels_stand_aside_where_they_must():
+    x = torch.randn(64, 576)
+    w = torch.ones(576)
+    cos, sin = RotaryEmbedding(64)(torch.arange(64)[None])
+    q = torch.randn(1, 8, 64, 64).bfloat16()
+    assert fused.rms_norm(x, w, 1e-5) is not None
+    assert fused.rms_norm(x[:, :300], w[:300], 1e-5) is None            # not contiguous
+    assert fused.rms_norm(x[:2], w, 1e-5) is None                       # too small to pay for the call
+    assert fused.rope(q.float(), cos, sin) is None                      # fp32 RoPE: torch's ops
+    assert fused.rope(q, cos[..., :32], sin[..., :32]) is None          # partial rotary
+    with torch.enable_grad():
+        assert fused.rms_norm(x, w, 1e-5) is None                       # training: autograd needs torch's ops
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fused.rms_norm(x, w, 1e-5) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_llama_forward_is_the_same_with_and_without_the_kernels(dtype, monkeypatch):
+    cfg = preset("mistral-7b", vocab_size=300, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                 intermediate_size=256, dropout=0.0, attention_dropout=0.0)
+    assert (cfg.norm, cfg.activation, cfg.position) == ("rmsnorm", "swiglu", "rope")
+    model = attnlab.from_config(cfg).to(dtype).eval()
+    ids = torch.randint(0, 300, (2, 200), generator=torch.Generator().manual_seed(1))
+    calls = {"n": 0}
+    real = fused.kernels
+
+    def counted():
+        calls["n"] += 1
+        return real()
+    monkeypatch.setattr(fused, "kernels", counted)
+    with_kernels = model(input_ids=ids).logits
+    # every norm (2 a layer and the final one) and gate went through them, and in bf16 RoPE (Q and K) too
+    assert calls["n"] == 3 * cfg.num_layers + 1 + (2 * cfg.num_layers if dtype == torch.bfloat16 else 0)
+    monkeypatch.setattr(fused, "kernels", lambda: None)
+    without = model(input_ids=ids).logits
+    tol = 1e-5 if dtype == torch.float32 else 0.05
+    torch.testing.assert_close(with_kernels.float(), without.float(), rtol=tol, atol=tol)
