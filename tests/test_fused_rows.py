@@ -97,3 +97,12 @@ def test_a_llama_forward_is_the_same_with_and_without_the_kernels(dtype, monkeyp
     without = model(input_ids=ids).logits
     tol = 1e-5 if dtype == torch.float32 else 0.05
     torch.testing.assert_close(with_kernels.float(), without.float(), rtol=tol, atol=tol)
+
+
+def test_a_jit_trace_sees_torch_ops_not_the_c_call():
+    from attnlab.nn.norms import RMSNorm
+    norm = RMSNorm(576).eval()
+    x = torch.randn(64, 576)
+    traced = torch.jit.trace(norm, (x,))
+    y = torch.randn(64, 576) * 5  # other values: a trace that baked the C call's output would repeat the old one
+    torch.testing.assert_close(traced(y), F.rms_norm(y, (576,), norm.weight, norm.eps))

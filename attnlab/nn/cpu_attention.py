@@ -32,7 +32,8 @@ def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: tor
     if (q.device.type != "cpu" or not q.dtype == k.dtype == v.dtype == torch.float32 or tk > MAX_KEYS or tk == 0
             or d % 16 or d > 128 or d * ((tk + 15) // 16 * 16) > _MAX_TILE or hq % hk
             or any(t.stride(-1) != 1 for t in (q, k, v))
-            or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))):
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+            or torch.jit.is_tracing()):  # a trace (e.g. for ONNX) could not see the C call
         return None
     lib = kernels()
     if not _supported(lib):

@@ -5,8 +5,8 @@ torch runs `F.rms_norm` on a CPU as a composite of pow, mean, rsqrt, multiplies 
 passes and RoPE as six: on SmolLM2-135M in bf16 over 4 x 1,024-token windows they took ~11% of `evaluate lm`'s
 time, each pass reading and writing every activation. The kernels do the same arithmetic in the same order (see
 the C file's header for where the last bit may differ). They run only where nothing else could be watching: CPU
-tensors of fp32 or bf16, no gradient wanted, no autocast, not inside torch.compile or torch.export (those fuse on
-their own). Otherwise each function returns None and the caller runs the torch ops.
+tensors of fp32 or bf16, no gradient wanted, no autocast, not inside torch.compile, torch.export or a jit trace
+(they could not see a C call). Otherwise each function returns None and the caller runs the torch ops.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _usable(x: torch.Tensor, *others: torch.Tensor, contiguous: bool = True):
     tensors of x's dtype (or fp32), contiguous; x too unless contiguous=False (then its last dimension)."""
     if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.numel() < _MIN_ELEMENTS
             or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()
-            or torch.compiler.is_exporting()):
+            or torch.compiler.is_exporting() or torch.jit.is_tracing()):
         return None
     if type(x) not in _PLAIN or not (x.is_contiguous() if contiguous else x.stride(-1) == 1):
         return None  # (a FakeTensor or another subclass may have no memory to hand to C)
