@@ -10,6 +10,7 @@ over torch's intra-op thread count (ctypes releases the GIL while a call runs).
 from __future__ import annotations
 
 import ctypes
+
 import torch
 
 from .quantized import kernels, split_rows
