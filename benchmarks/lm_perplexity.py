@@ -4,7 +4,8 @@ transformers (fp32, same windows, same threads, timed batch by batch in turns in
 `llama-perplexity` on the same file; then, with --quant, the cost of each precision attnlab can write.
 
   OMP_NUM_THREADS=1 python benchmarks/lm_perplexity.py [--chars N] [--context 512] [--convention llama.cpp|hf]
-      [--stride S] [--batch-size 4] [--sides attnlab,attnlab-bf16,attnlab-kept,attnlab-kept-bf16,transformers]
+      [--stride S] [--batch-size 4] [--sides attnlab,attnlab-bf16,attnlab-kept,attnlab-kept-bf16,transformers,
+                                             attnlab-kept-bf16-unfused (the last without nn/fused.py's kernels)]
       [--quant [--quant-chars N] [--quant-rows fp32,bf16,int8,gguf,kept]] [--json OUT.json]
 
 The whole valid split (~274k tokens) by default; `--chars N` keeps only the first N characters (quick mode).
@@ -44,7 +45,7 @@ from attnlab.inference.quantize import quantize  # noqa: E402
 from attnlab.interop.local import resolve  # noqa: E402
 from attnlab.tasks.lm import adds_bos, hf_windows, llama_cpp_windows, window_nll  # noqa: E402
 
-SIDES = ("attnlab", "attnlab-bf16", "attnlab-kept", "attnlab-kept-bf16", "transformers")
+SIDES = ("attnlab", "attnlab-bf16", "attnlab-kept", "attnlab-kept-bf16", "attnlab-kept-bf16-unfused", "transformers")
 QUANT_ROWS = ("fp32", "bf16", "int8", "gguf", "kept")
 
 
@@ -85,6 +86,19 @@ def _stamp(line: str) -> float:
     """Seconds from llama.cpp's log prefix "M.SS.mmm.uuu"."""
     m, sec, ms, us = (int(x) for x in line.split()[0].split("."))
     return m * 60 + sec + ms / 1e3 + us / 1e6
+
+
+def unfused(run):
+    """run() with attnlab's one-pass element-wise kernels off (ATTNLAB_FUSED=0): what they are worth."""
+    old = os.environ.get("ATTNLAB_FUSED")
+    os.environ["ATTNLAB_FUSED"] = "0"
+    try:
+        return run()
+    finally:
+        if old is None:
+            del os.environ["ATTNLAB_FUSED"]
+        else:
+            os.environ["ATTNLAB_FUSED"] = old
 
 
 def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, threads: int,
@@ -209,13 +223,16 @@ def main() -> None:
     if "attnlab-bf16" in sides_wanted:
         ours16 = quantize(ours, "bf16")
         sides["attnlab-bf16"] = lambda b: window_nll(ours16, b, batch_size=len(b))
-    if {"attnlab-kept", "attnlab-kept-bf16"} & set(sides_wanted):
+    if {"attnlab-kept", "attnlab-kept-bf16", "attnlab-kept-bf16-unfused"} & set(sides_wanted):
         kept = attnlab.load(gguf, quantized=True)
         if "attnlab-kept" in sides_wanted:
             sides["attnlab-kept"] = lambda b: window_nll(kept, b, batch_size=len(b))
-        if "attnlab-kept-bf16" in sides_wanted:
+        if {"attnlab-kept-bf16", "attnlab-kept-bf16-unfused"} & set(sides_wanted):
             kept16 = quantize(kept, "bf16")
+        if "attnlab-kept-bf16" in sides_wanted:
             sides["attnlab-kept-bf16"] = lambda b: window_nll(kept16, b, batch_size=len(b))
+        if "attnlab-kept-bf16-unfused" in sides_wanted:  # the same without nn/fused.py's one-pass kernels
+            sides["attnlab-kept-bf16-unfused"] = lambda b: unfused(lambda: window_nll(kept16, b, batch_size=len(b)))
     if "transformers" in sides_wanted:
         import transformers
         t = time.perf_counter()

@@ -60,7 +60,7 @@ def test_bf16_rope_equals_torch_bit_for_bit_on_a_strided_slice(batch_cos):
     assert out is not None and torch.equal(out, ref)
 
 
-def test_the_kernels_stand_aside_where_they_must():
+def test_the_kernels_stand_aside_where_they_must(monkeypatch):
     x = torch.randn(64, 576)
     w = torch.ones(576)
     cos, sin = RotaryEmbedding(64)(torch.arange(64)[None])
@@ -74,6 +74,8 @@ def test_the_kernels_stand_aside_where_they_must():
         assert fused.rms_norm(x, w, 1e-5) is None                       # training: autograd needs torch's ops
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert fused.rms_norm(x, w, 1e-5) is None
+    monkeypatch.setenv("ATTNLAB_FUSED", "0")                             # the user's switch
+    assert fused.rms_norm(x, w, 1e-5) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,10 +7,12 @@ time, each pass reading and writing every activation. The kernels do the same ar
 the C file's header for where the last bit may differ). They run only where nothing else could be watching: CPU
 tensors of fp32 or bf16, no gradient wanted, no autocast, not inside torch.compile, torch.export or a jit trace
 (they could not see a C call). Otherwise each function returns None and the caller runs the torch ops.
+ATTNLAB_FUSED=0 turns them off (to tell whether a difference in the last bits comes from them).
 """
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
@@ -26,7 +28,7 @@ def _usable(x: torch.Tensor, *others: torch.Tensor, contiguous: bool = True):
     tensors of x's dtype (or fp32), contiguous; x too unless contiguous=False (then its last dimension)."""
     if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.numel() < _MIN_ELEMENTS
             or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()
-            or torch.compiler.is_exporting() or torch.jit.is_tracing()):
+            or torch.compiler.is_exporting() or torch.jit.is_tracing() or os.environ.get("ATTNLAB_FUSED") == "0"):
         return None
     if type(x) not in _PLAIN or not (x.is_contiguous() if contiguous else x.stride(-1) == 1):
         return None  # (a FakeTensor or another subclass may have no memory to hand to C)

@@ -15,18 +15,18 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline __attribute__((always_inline)) float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+#define AI static inline __attribute__((always_inline))
+
+AI float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
 /* fp32 -> bf16 rounding to nearest even, NaN kept a (quiet) NaN: torch's cast */
-static inline __attribute__((always_inline)) uint16_t f2bf16(float f) {
+AI uint16_t f2bf16(float f) {
     uint32_t u; memcpy(&u, &f, 4);
     uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return (uint16_t)((f != f) ? ((u >> 16) | 0x40u) : rounded);
 }
 
-static inline __attribute__((always_inline)) float round_as(float v, int bf16) { return bf16 ? bf2f(f2bf16(v)) : v; }
-
-#define AI static inline __attribute__((always_inline))
+AI float round_as(float v, int bf16) { return bf16 ? bf2f(f2bf16(v)) : v; }
 
 AI float load(const void *p, int64_t i, int bf16) {
     return bf16 ? bf2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -106,8 +106,10 @@ AI void rope(const void *x, const int64_t *xs, const void *cos, const void *sin,
         const int64_t co = b * cs_batch + t * D;
         for (int64_t d = 0; d < half; d++) {
             const float x1 = load(x, xo + d, bf16), x2 = load(x, xo + d + half, bf16);
-            const float c1 = round_as(load(cos, co + d, cs_bf16), bf16), c2 = round_as(load(cos, co + d + half, cs_bf16), bf16);
-            const float s1 = round_as(load(sin, co + d, cs_bf16), bf16), s2 = round_as(load(sin, co + d + half, cs_bf16), bf16);
+            const float c1 = round_as(load(cos, co + d, cs_bf16), bf16);
+            const float c2 = round_as(load(cos, co + d + half, cs_bf16), bf16);
+            const float s1 = round_as(load(sin, co + d, cs_bf16), bf16);
+            const float s2 = round_as(load(sin, co + d + half, cs_bf16), bf16);
             store(out, oo + d, round_as(x1 * c1, bf16) + round_as(-x2 * s1, bf16), bf16);
             store(out, oo + d + half, round_as(x2 * c2, bf16) + round_as(x1 * s2, bf16), bf16);
         }
