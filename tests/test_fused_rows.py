@@ -108,3 +108,36 @@ def test_a_jit_trace_sees_torch_ops_not_the_c_call():
     traced = torch.jit.trace(norm, (x,))
     y = torch.randn(64, 576) * 5  # other values: a trace that baked the C call's output would repeat the old one
     torch.testing.assert_close(traced(y), F.rms_norm(y, (576,), norm.weight, norm.eps))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_lse_tiles_give_torchs_log_softmax_nll(dtype, threads):
+    """Tiles of uneven width (the last 237 columns), folded in one after another: the same NLL per row as
+    F.cross_entropy over the whole row in fp32, and targets picked from the right tile."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(1)
+        n, vocab, tile = 70, 1437, 300
+        logits = (torch.randn(n, vocab, generator=gen) * 6).to(dtype)
+        logits[0, 5] = 60.0  # a row whose max sits far above the rest, in the first tile
+        targets = torch.randint(0, vocab, (n,), generator=gen)
+        targets[:3] = torch.tensor([0, vocab - 1, 5])
+        run_max, run_sum, picked = torch.full((n,), float("-inf")), torch.zeros(n), torch.zeros(n)
+        for v0 in range(0, vocab, tile):
+            assert fused.lse_tile(logits[:, v0:v0 + tile].contiguous(), targets, v0, run_max, run_sum, picked)
+        ours = run_max + run_sum.log() - picked
+        ref = F.cross_entropy(logits.float(), targets, reduction="none")
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_lse_tile_stands_aside_for_what_it_cannot_read():
+    logits, t = torch.randn(100, 300), torch.zeros(100, dtype=torch.int64)
+    state = [torch.zeros(100) for _ in range(3)]
+    assert not fused.lse_tile(logits.t().contiguous().t(), t, 0, *state)  # not contiguous
+    assert not fused.lse_tile(logits, t.int(), 0, *state)                # int32 targets
+    assert not fused.lse_tile(logits, t[:50], 0, *state)                 # one target per row
+    assert not fused.lse_tile(logits.half(), t, 0, *state)               # fp16

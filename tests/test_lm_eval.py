@@ -251,3 +251,19 @@ def test_masked_lm_pseudo_perplexity_equals_transformers(minilm, tmp_path, capsy
                 total -= torch.log_softmax(hf(masked).logits[0, p].double(), -1)[chunk[p]].item()
     assert got["tokens"] == got["scored_tokens"] == len(ids) == 54
     assert abs(got["mean_nll"] - total / 54) <= 1e-5 * total / 54
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_the_tiled_lm_head_nll_equals_cross_entropy_with_and_without_the_c_pass(kernel, monkeypatch):
+    """`_head_nll` folds vocabulary tiles into a running log-sum-exp, with nn/fused.py's one C pass per tile or
+    (kernel=False, as without a compiler) torch's ops: both the summed fp32 cross-entropy of the full logits."""
+    import attnlab.tasks.lm as lm
+    if not kernel:
+        monkeypatch.setattr(lm, "lse_tile", lambda *a: False)
+    gen = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(48, 5000, bias=True)
+    with torch.no_grad():
+        head.weight.normal_(0, 0.5, generator=gen)
+        rows, targets = torch.randn(200, 48, generator=gen), torch.randint(0, 5000, (200,), generator=gen)
+        ref = torch.nn.functional.cross_entropy(head(rows), targets, reduction="sum").item()
+        assert lm._head_nll(head, rows, targets) == pytest.approx(ref, rel=1e-6)

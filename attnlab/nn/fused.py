@@ -82,3 +82,23 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor 
             int(cos.dtype == torch.bfloat16), out.data_ptr(), os_, h, t, d, int(x.dtype == torch.bfloat16))
     split_rows(lambda start, end: lib.rope_rows(*args, start, end), b * h * t, max(1, _CHUNK // d))
     return out
+
+
+def lse_tile(logits: torch.Tensor, targets: torch.Tensor, v0: int, run_max: torch.Tensor, run_sum: torch.Tensor,
+             picked: torch.Tensor) -> bool:
+    """One vocabulary tile of a log-softmax, in place: fold the tile's logits (n, cols) into each row's running
+    max `run_max` and sum `run_sum` of e^(logit - max) (fp32, (n,)), and copy the logit of `targets` (int64)
+    into `picked` where it falls in columns [v0, v0 + cols). False (nothing done) when the kernel does not
+    apply; then the caller folds the tile in with torch's ops."""
+    lib = _usable(logits)
+    n = logits.size(0) if logits.dim() == 2 else -1
+    if (lib is None or n < 1 or targets.dtype != torch.int64 or not targets.is_contiguous()
+            or any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"
+                   for t in (run_max, run_sum, picked)) or not all(t.numel() == n for t in (targets, run_max,
+                                                                                            run_sum, picked))):
+        return False
+    cols = logits.size(1)
+    args = (logits.data_ptr(), cols, int(logits.dtype == torch.bfloat16), targets.data_ptr(), v0,
+            run_max.data_ptr(), run_sum.data_ptr(), picked.data_ptr())
+    split_rows(lambda start, end: lib.lse_tile_rows(*args, start, end), n, max(1, _CHUNK // cols))
+    return True

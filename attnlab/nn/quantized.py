@@ -76,6 +76,7 @@ def _build() -> ctypes.CDLL:
     lib.silu_mul_rows.argtypes = [p, p, p, i32, i64, i64]
     lib.rms_norm_rows.argtypes = [p, p, p, i64, f32, i32, i64, i64]
     lib.rope_rows.argtypes = [p, p, p, p, i64, i32, p, p, i64, i64, i64, i32, i64, i64]
+    lib.lse_tile_rows.argtypes = [p, i64, i32, p, i64, p, p, p, i64, i64]
     return lib
 
 

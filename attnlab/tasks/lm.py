@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ..inference.quantize import linear_precision, quantize
+from ..nn.fused import lse_tile
 from ..nn.quantized import BlockLinear
 
 CONVENTIONS = ("hf", "llama.cpp")
@@ -117,7 +118,8 @@ def _head_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> float:
     once, for a head kept quantized) then serves every row of the batch while it sits in cache, where row
     chunks would stream SmolLM2's whole 49,152 x 576 matrix once per chunk. Logits are fp32 from here on."""
     n = rows.size(0)
-    run_lse = torch.full((n,), float("-inf"), device=rows.device)
+    run_max = torch.full((n,), float("-inf"), device=rows.device)
+    run_sum = torch.zeros(n, device=rows.device)
     picked = torch.zeros(n, device=rows.device)
     vocab = head.out_features
     for v0 in range(0, vocab, _VOCAB_TILE):
@@ -125,11 +127,17 @@ def _head_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> float:
         weight = (head.dequantized(v0, v1, rows.dtype) if isinstance(head, BlockLinear)
                   else head.weight[v0:v1].to(rows.dtype))
         bias = None if head.bias is None else head.bias[v0:v1].to(rows.dtype)
-        logits = F.linear(rows, weight, bias).float()
-        run_lse = torch.logaddexp(run_lse, torch.logsumexp(logits, 1))  # one fused pass per tile
+        logits = F.linear(rows, weight, bias)
+        if lse_tile(logits, targets, v0, run_max, run_sum, picked):  # one C pass over the tile (nn/fused.py)
+            continue
+        logits = logits.float()
+        tile_lse = torch.logsumexp(logits, 1)
+        new_max = torch.maximum(run_max, tile_lse)
+        run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(tile_lse - new_max)
+        run_max = new_max
         inside = (targets >= v0) & (targets < v1)
         picked[inside] = logits[inside, targets[inside] - v0]
-    return (run_lse - picked).double().sum().item()
+    return (run_max + torch.log(run_sum) - picked).double().sum().item()
 
 
 @torch.no_grad()

@@ -122,3 +122,38 @@ void rope_rows(const void *x, const int64_t *xs, const void *cos, const void *si
     else if (bf16) rope(x, xs, cos, sin, cs_batch, 0, out, os, H, T, D, 1, start, end);
     else rope(x, xs, cos, sin, cs_batch, 0, out, os, H, T, D, 0, start, end);
 }
+
+/* One vocabulary tile of a language model's log-softmax, rows [start, end) of `logits` (rows of `cols`, fp32 or
+ * bf16): the running max m and sum s of e^(x - m) of every row take in this tile (the online softmax of Milakov
+ * & Gimelshein 2018), and picked[r] takes the logit of target[r] when it falls in this tile (target - v0 in
+ * [0, cols)). After the last tile, log-sum-exp = m + log(s). Start from m = -inf, s = 0. One read of the tile,
+ * where torch's logsumexp and the fp32 cast took five passes (amax, sub, exp, sum, copy). */
+AI void lse_tile(const void *logits, int64_t cols, int bf16, const int64_t *target, int64_t v0,
+                 float *run_max, float *run_sum, float *picked, int64_t start, int64_t end) {
+    for (int64_t r = start; r < end; r++) {
+        const int64_t o = r * cols;
+        float mx[16], acc[16];
+        for (int l = 0; l < 16; l++) { mx[l] = -INFINITY; acc[l] = 0.0f; }
+        int64_t j = 0;
+        for (; j + 16 <= cols; j += 16)
+            for (int l = 0; l < 16; l++) { float v = load(logits, o + j + l, bf16); mx[l] = v > mx[l] ? v : mx[l]; }
+        float m = run_max[r];
+        for (int64_t k = j; k < cols; k++) { float v = load(logits, o + k, bf16); m = v > m ? v : m; }
+        for (int l = 0; l < 16; l++) m = mx[l] > m ? mx[l] : m;
+        for (j = 0; j + 16 <= cols; j += 16)
+            for (int l = 0; l < 16; l++) acc[l] += exp_poly(load(logits, o + j + l, bf16) - m);
+        float s = 0.0f;
+        for (int64_t k = j; k < cols; k++) s += exp_poly(load(logits, o + k, bf16) - m);
+        for (int l = 0; l < 16; l++) s += acc[l];
+        run_sum[r] = (run_sum[r] > 0.0f ? run_sum[r] * exp_poly(run_max[r] - m) : 0.0f) + s;
+        run_max[r] = m;
+        const int64_t t = target[r] - v0;
+        if (t >= 0 && t < cols) picked[r] = load(logits, o + t, bf16);
+    }
+}
+
+void lse_tile_rows(const void *logits, int64_t cols, int bf16, const int64_t *target, int64_t v0,
+                   float *run_max, float *run_sum, float *picked, int64_t start, int64_t end) {
+    if (bf16) lse_tile(logits, cols, 1, target, v0, run_max, run_sum, picked, start, end);
+    else lse_tile(logits, cols, 0, target, v0, run_max, run_sum, picked, start, end);
+}
