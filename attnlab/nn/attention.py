@@ -18,7 +18,7 @@ from torch import nn
 from ..config import ModelConfig
 from .block_sparse import block_sparse_attention, dense_attention, draw_random_blocks, token_counts, uses_blocks
 from .disentangled import DisentangledBias
-from .cpu_attention import short_attention
+from .cpu_attention import causal_attention, short_attention
 from .cpu_linear import forget_packed, module_linear, packed_linear, plain_module, unhooked
 from .flash import tiled_attention
 from .int8 import Int8Linear
@@ -205,7 +205,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if (mask.is_causal and mask.allowed is None and bias is None and not explicit and not tiled and dropout_p == 0
             and q.device.type == "cpu" and not torch.is_grad_enabled() and q.size(2) == k.size(2) >= 2 * _CAUSAL_BLOCK
             and (groups == 1 or _HAS_GQA)):  # inference on long prompts/windows (training keeps one fused call)
-        return _causal_blocks(q, k, v, scale, groups > 1), None
+        out = causal_attention(q, k, v, scale)  # bf16 with AVX512-BF16: one C kernel (nn/cpu_attention.py)
+        return (_causal_blocks(q, k, v, scale, groups > 1) if out is None else out), None
     if groups > 1 and not explicit and not tiled and bias is None:
         if q.size(2) == 1 and not mask.is_causal:
             # One query per head (a decoding step): the group's query heads become the kv head's queries,

@@ -47,3 +47,28 @@ def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: tor
             None if keep is None else keep.data_ptr(), float(scale), out.data_ptr())
     split_rows(lambda start, end: lib.short_attention(*args, start, end), b * hq)
     return out.transpose(1, 2)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """Causal self-attention, bf16, in one kernel (`csrc/causal_attention.c`, AVX512-BF16 dot products): q
+    (B, H, T, D), k / v (B, Hk, T, D), D 64 or 128, H a multiple of Hk, each with its last dimension
+    contiguous. Returns (B, H, T, D) (a transposed view of a (B, T, H, D) tensor), or None when the case or
+    the CPU is not the kernel's (then use torch's). Measured on SmolLM2-135M, 4 x 512-token windows, one
+    thread: see the README's `evaluate lm` table (the side attnlab-kept-bf16-unfused runs without it)."""
+    from .fused import _usable  # the conditions every C kernel here shares (no grad, no compile or trace, ...)
+    b, h, t, d = q.shape
+    hk = k.size(1)
+    if (not q.dtype == k.dtype == v.dtype == torch.bfloat16 or d not in (64, 128) or k.shape != v.shape
+            or k.dim() != 4 or (k.size(0), k.size(2), k.size(3)) != (b, t, d) or h % hk
+            or any(x.stride(-1) != 1 or type(x) is not torch.Tensor or x.device.type != "cpu" for x in (k, v))):
+        return None
+    lib = _usable(q, contiguous=False)
+    if lib is None or not lib.causal_attention_supported():
+        return None
+    out = torch.empty(b, t, h, d, dtype=torch.bfloat16).transpose(1, 2)
+    strides = [(ctypes.c_int64 * 3)(*x.stride()[:3]) for x in (q, k, v, out)]
+    args = (q.data_ptr(), strides[0], k.data_ptr(), strides[1], v.data_ptr(), strides[2], out.data_ptr(),
+            strides[3], h, hk, t, d, float(scale))
+    failed: list[int] = []
+    split_rows(lambda start, end: failed.append(lib.causal_attention_bf16(*args, start, end)), b * hk)
+    return None if any(failed) else out

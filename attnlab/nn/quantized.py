@@ -32,7 +32,7 @@ BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 # every C kernel of the package, built into one library: the GGUF block products here, the int8 rows of
 # nn/int8.py, the short-sequence attention of nn/cpu_attention.py and the one-pass rows of nn/fused.py
 _SOURCES = [Path(__file__).with_name("csrc") / name
-            for name in ("ggml_blocks.c", "int8_rows.c", "short_attention.c", "fused_rows.c")]
+            for name in ("ggml_blocks.c", "int8_rows.c", "short_attention.c", "fused_rows.c", "causal_attention.c")]
 # From this many input rows on, BlockLinear dequantizes weight tiles and multiplies with torch's GEMM; below,
 # the block kernel's dot products (batch-1 decoding reads each weight once: bytes moved dominate).
 GEMM_ROWS = 64
@@ -77,6 +77,9 @@ def _build() -> ctypes.CDLL:
     lib.rms_norm_rows.argtypes = [p, p, p, i64, f32, i32, i64, i64]
     lib.rope_rows.argtypes = [p, p, p, p, i64, i32, p, p, i64, i64, i64, i32, i64, i64]
     lib.lse_tile_rows.argtypes = [p, i64, i32, p, i64, p, p, p, i64, i64]
+    lib.causal_attention_supported.restype = i32
+    lib.causal_attention_bf16.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, f32, i64, i64]
+    lib.causal_attention_bf16.restype = i32
     return lib
 
 
