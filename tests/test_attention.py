@@ -167,3 +167,28 @@ def test_long_causal_inference_in_query_blocks_equals_one_call(hkv, monkeypatch)
     q.requires_grad_(True)  # training keeps the single fused call
     scaled_dot_product_attention(q, k, v, causal)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_bf16_training_attention_runs_in_fp32_on_short_sequences(autocast):
+    """Under grad, bf16 q/k/v on a CPU with at most 256 keys: attention is the fp32 computation rounded once to
+    bf16 (torch's bf16 flash kernel is ~3x slower backwards there), gradients included; longer: the bf16 kernel."""
+    import contextlib
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(2, 4, 64, 16, generator=gen) for _ in range(3)]
+    q, k, v = (t.bfloat16().requires_grad_() for t in base)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with ctx:
+        out, _ = scaled_dot_product_attention(q, k, v, AttentionMask(None, is_causal=True))
+    assert out.dtype == torch.bfloat16
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
+    assert torch.equal(out, want.bfloat16())
+    grad = torch.randn(2, 4, 64, 16, generator=gen).bfloat16()
+    out.backward(grad)
+    want.backward(grad.float())
+    for ours, ref in ((q, q32), (k, k32), (v, v32)):
+        assert torch.equal(ours.grad, ref.grad.bfloat16())
+    long = [t.bfloat16().repeat(1, 1, 5, 1).requires_grad_() for t in base]  # 320 keys
+    out, _ = scaled_dot_product_attention(*long, AttentionMask(None, is_causal=True))
+    assert torch.equal(out, F.scaled_dot_product_attention(*long, is_causal=True))

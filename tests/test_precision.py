@@ -49,3 +49,22 @@ def test_no_command_defaults_to_bf16():
         for a in action._actions:
             if a.dest in ("dtype", "precision"):
                 assert a.default != "bf16", f"{action.prog} {a.option_strings} defaults to bf16"
+
+
+@pytest.mark.parametrize("flags, picked", [(AVX2_ONLY, "fp32"), (AVX2_ONLY | {"avx512_bf16"}, "bf16"),
+                                           (AVX2_ONLY | {"amx_bf16"}, "bf16"), (set(), "fp32")])
+def test_train_precision_auto_picks_bf16_only_where_the_cpu_has_it(monkeypatch, tmp_path, flags, picked):
+    import torch
+
+    from attnlab.training.trainer import TrainArgs, Trainer
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    assert precision.resolve_precision("auto") == picked
+    assert precision.resolve_precision("fp32") == "fp32" and precision.resolve_precision("bf16") == "bf16"
+    model = torch.nn.Linear(4, 4)
+    trainer = Trainer(model, TrainArgs(output_dir=str(tmp_path), precision="auto", device="cpu"), [],
+                      loss_fn=lambda m, b: m(b["x"]).sum())
+    assert trainer.precision == picked
+    with trainer._autocast():
+        assert torch.is_autocast_enabled("cpu") is (picked == "bf16")
+    with pytest.raises(ValueError, match="fp32, bf16 or auto"):
+        TrainArgs(precision="fp16").validate()

@@ -53,3 +53,15 @@ def bf16_warning(device: str = "cpu") -> str | None:
         return None
     return ("warning: this CPU has no AVX512-BF16 or AMX-BF16, so bf16 is emulated and slower than fp32 "
             "(about 10x for matmuls); fp32 is the fast choice here")
+
+
+def resolve_precision(precision: str, device: str = "cpu") -> str:
+    """train.precision "auto": "bf16" where bf16 is known to be fast (CUDA with bf16 support, a CPU that lists
+    AVX512-BF16 or AMX-BF16 among its flags), else "fp32". An unknown CPU gets fp32: auto takes no chances.
+    "fp32" and "bf16" are returned as given."""
+    if precision != "auto":
+        return precision
+    if str(device).startswith("cuda"):
+        import torch
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_flags() & set(NATIVE_BF16) else "fp32"

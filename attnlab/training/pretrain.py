@@ -279,9 +279,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
         # bits per byte beside val loss: comparable across tokenizers (char-level vs BPE)
         from ..objectives.clm import tokens_per_byte, with_bits_per_byte
         metrics_fn = with_bits_per_byte(metrics_fn, tokens_per_byte(heldout, tokenizer))
-    precision = cfg.train.precision
-    ceiling = matmul_ceiling(model_cfg.hidden_size, precision=precision) if rank == 0 else 0.0
     trainer = Trainer(model, cfg.train, train, loss_fn=objective.loss, eval_data=eval_data, metrics_fn=metrics_fn)
+    precision = trainer.precision  # train.precision=auto resolved for this machine
+    ceiling = matmul_ceiling(model_cfg.hidden_size, precision=precision) if rank == 0 else 0.0
     metrics = trainer.train()
     if rank == 0:
         # measured again at the end, best of both: one reading taken during a load spike on a shared
@@ -432,7 +432,7 @@ def write_summary(cfg: PretrainConfig, model, trainer, metrics: dict, ceiling: f
         "tokens_seen": trainer.batches_seen * cfg.data.batch_size * cfg.data.seq_len * world,
         "tokens_per_s": round(rate, 1),
         "train_flops_per_token": flops,
-        "matmul_ceiling_gflops": round(ceiling / 1e9, 2), "matmul_ceiling_precision": cfg.train.precision,
+        "matmul_ceiling_gflops": round(ceiling / 1e9, 2), "matmul_ceiling_precision": trainer.precision,
         "mfu": round(rate * flops / (ceiling * world), 4) if ceiling else None,
         "threads": torch.get_num_threads(), "processes": world,
         "load_average": [round(x, 2) for x in os.getloadavg()],

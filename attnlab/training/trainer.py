@@ -69,7 +69,8 @@ class TrainArgs:
     beta2: float = 0.999
     eps: float = 1e-6
     clip_norm: float = 1.0             # 0 = no clipping
-    precision: str = "fp32"            # fp32 | bf16 (autocast; weights and optimizer stay fp32)
+    precision: str = "fp32"            # fp32 | bf16 (autocast; weights and optimizer stay fp32) | auto (bf16
+                                       # where the hardware has it: nn/precision.resolve_precision)
     eval_every: int = 0                # 0 = only after the last step
     save_every: int = 0                # 0 = only after the last step
     keep_last: int = 2                 # training checkpoints kept (0 = none written: a run too short to resume)
@@ -103,8 +104,8 @@ class TrainArgs:
             raise ValueError(f"train.keep_last={self.keep_last} must not be negative")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train.schedule={self.schedule!r}: expected one of {', '.join(SCHEDULES)}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"train.precision={self.precision!r}: expected fp32 or bf16")
+        if self.precision not in ("fp32", "bf16", "auto"):
+            raise ValueError(f"train.precision={self.precision!r}: expected fp32, bf16 or auto")
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must not be negative")
         if self.nan_policy not in ("stop", "skip"):
@@ -151,8 +152,9 @@ class Trainer:
             raise ValueError("train.device=cuda but no CUDA device is available")
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         self.output = Path(args.output_dir)
+        from ..nn.precision import bf16_warning, resolve_precision
+        self.precision = resolve_precision(args.precision, self.device.type)  # what runs: fp32 or bf16
         if args.precision == "bf16" and self.device.type == "cpu" and self.rank == 0:
-            from ..nn.precision import bf16_warning
             if bf16_warning():
                 print(f"train.precision=bf16: {bf16_warning()}", file=sys.stderr)
         torch.manual_seed(args.seed)
@@ -185,7 +187,7 @@ class Trainer:
         return self.rank == 0
 
     def _autocast(self):
-        if self.args.precision == "bf16":
+        if self.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -142,8 +142,10 @@ AI void attend_group(const uint16_t *q, const int64_t *qs, const uint32_t *kp, c
         for (int r = 0; r < NR && r0 + r < rows; r++) {
             const __m512 inv = _mm512_set1_ps(1.0f / sum[r]);
             uint16_t *orow = out + b * os[0] + head[r] * os[1] + pos[r] * os[2];
-            for (int c = 0; c < DC; c++)
-                _mm256_storeu_si256((__m256i *)(orow + 16 * c), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(o[r][c], inv)));
+            for (int c = 0; c < DC; c++) {
+                const __m256i ob = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(o[r][c], inv));
+                _mm256_storeu_si256((__m256i *)(orow + 16 * c), ob);
+            }
         }
     }
 }
