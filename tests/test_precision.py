@@ -68,3 +68,23 @@ def test_train_precision_auto_picks_bf16_only_where_the_cpu_has_it(monkeypatch, 
         assert torch.is_autocast_enabled("cpu") is (picked == "bf16")
     with pytest.raises(ValueError, match="fp32, bf16 or auto"):
         TrainArgs(precision="fp16").validate()
+
+
+def test_a_cpu_trainer_keeps_malloc_from_mapping_fresh_pages_each_step(monkeypatch, tmp_path):
+    """glibc only (this CI): the setting is applied once, by the first CPU Trainer; the user can opt out."""
+    import sys
+
+    import torch
+
+    from attnlab.training.trainer import TrainArgs, Trainer
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's mallopt is Linux-only")
+    monkeypatch.setattr(precision, "_MALLOC_TUNED", None)
+    monkeypatch.setenv("ATTNLAB_MALLOC", "0")
+    assert precision.tune_malloc() is False
+    monkeypatch.setattr(precision, "_MALLOC_TUNED", None)
+    monkeypatch.delenv("ATTNLAB_MALLOC")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    Trainer(torch.nn.Linear(2, 2), TrainArgs(output_dir=str(tmp_path), device="cpu"), [],
+            loss_fn=lambda m, b: m(b["x"]).sum())
+    assert precision._MALLOC_TUNED is True

@@ -304,3 +304,21 @@ def test_atomic_write_leaves_a_file_readable_as_the_umask_allows(tmp_path):
     assert target.read_text() == "{}\n"
     assert target.stat().st_mode & 0o777 == 0o666 & ~files._UMASK
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_tokens_per_s_does_not_count_evaluation_time(tmp_path):
+    """An evaluation that takes 0.5 s falls in the logging window of steps 3-4 and not in steps 1-2's: the
+    logged rate is of training steps, so the two windows give about the same tokens/s (elapsed_s keeps the
+    wall clock, evaluation included)."""
+    import time as _time
+    torch.manual_seed(0)
+    model = MaskedLM(tiny_bert(50, dropout=0.0, attention_dropout=0.0))
+    ids = torch.randint(5, 50, (4, 8))
+    batches = [{"input_ids": ids, "labels": ids}] * 4
+    args = TrainArgs(output_dir=str(tmp_path), max_steps=4, log_every=2, eval_every=2, progress=False)
+    Trainer(model, args, batches, evaluate_fn=lambda m: _time.sleep(0.5) or {"score": 1.0}).train()
+    rows = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "tokens_per_s" in r]
+    first, second = rows[0], rows[1]
+    assert second["elapsed_s"] - first["elapsed_s"] >= 0.5  # the evaluation is in the wall clock
+    window = 2 * ids.numel() / second["tokens_per_s"]      # the time the rate says the two steps took
+    assert window < 0.25

@@ -15,8 +15,9 @@ many evaluations without a new best (early stopping).
 
 What one optimizer step does: `grad_accum` micro-batches, each forward under autocast (bf16 when
 asked) and backward of loss / grad_accum; clip the global gradient norm; AdamW step; scheduler step.
-Every `log_every` steps a line goes to OUTPUT/metrics.jsonl ({"step", "loss", "lr", "tokens_per_s",
-"elapsed_s"}, and "expert_share" for a mixture of experts); every `eval_every` steps the held-out batches are
+Every `log_every` steps a line goes to OUTPUT/metrics.jsonl ({"step", "loss", "lr", "tokens_per_s" (of the
+training steps: evaluations and checkpoints are not counted), "elapsed_s"}, and "expert_share" for a mixture
+of experts); every `eval_every` steps the held-out batches are
 scored (keys "eval_*").
 
 A non-finite loss (or gradient norm, when clipping) is caught before the optimizer step, so the
@@ -152,8 +153,10 @@ class Trainer:
             raise ValueError("train.device=cuda but no CUDA device is available")
         self.device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
         self.output = Path(args.output_dir)
-        from ..nn.precision import bf16_warning, resolve_precision
+        from ..nn.precision import bf16_warning, resolve_precision, tune_malloc
         self.precision = resolve_precision(args.precision, self.device.type)  # what runs: fp32 or bf16
+        if self.device.type == "cpu":
+            tune_malloc()  # no fresh pages for every step's activations (nn/precision.py)
         if args.precision == "bf16" and self.device.type == "cpu" and self.rank == 0:
             if bf16_warning():
                 print(f"train.precision=bf16: {bf16_warning()}", file=sys.stderr)
@@ -440,7 +443,7 @@ class Trainer:
                     routed = {}
                 self._log(record)
                 bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tps:,.0f}")
-            early_stop = False
+            early_stop, paused = False, time.perf_counter()  # evaluation and checkpoints: not training time
             if (args.eval_every and self.step % args.eval_every == 0) or self.step == args.max_steps:
                 early_stop = self._evaluated(self.evaluate(), bar)
             out_of_time = False
@@ -450,6 +453,7 @@ class Trainer:
             if (args.save_every and self.step % args.save_every == 0) or self.step == stop or out_of_time \
                     or early_stop:
                 self.save()
+            t_log += time.perf_counter() - paused  # tokens_per_s counts training steps only
             if early_stop and self.step < stop:
                 self.stopped_by = "patience"
                 bar.write(f"stopped at step {self.step}: no better eval_{args.best_metric} in "
