@@ -5,7 +5,8 @@ transformers (fp32, same windows, same threads, timed batch by batch in turns in
 
   OMP_NUM_THREADS=1 python benchmarks/lm_perplexity.py [--chars N] [--context 512] [--convention llama.cpp|hf]
       [--stride S] [--batch-size 4] [--sides attnlab,attnlab-bf16,attnlab-kept,attnlab-kept-bf16,transformers,
-                                             attnlab-kept-bf16-unfused (the last without nn/fused.py's kernels)]
+                                             attnlab-kept-bf16-unfused (the last without nn/fused.py's kernels),
+                                             transformers-bf16 (transformers' model cast to bf16)]
       [--quant [--quant-chars N] [--quant-rows fp32,bf16,int8,gguf,kept]] [--json OUT.json]
 
 The whole valid split (~274k tokens) by default; `--chars N` keeps only the first N characters (quick mode).
@@ -45,7 +46,8 @@ from attnlab.inference.quantize import quantize  # noqa: E402
 from attnlab.interop.local import resolve  # noqa: E402
 from attnlab.tasks.lm import adds_bos, hf_windows, llama_cpp_windows, window_nll  # noqa: E402
 
-SIDES = ("attnlab", "attnlab-bf16", "attnlab-kept", "attnlab-kept-bf16", "attnlab-kept-bf16-unfused", "transformers")
+SIDES = ("attnlab", "attnlab-bf16", "attnlab-kept", "attnlab-kept-bf16", "attnlab-kept-bf16-unfused", "transformers",
+         "transformers-bf16")
 QUANT_ROWS = ("fp32", "bf16", "int8", "gguf", "kept")
 
 
@@ -233,14 +235,19 @@ def main() -> None:
             sides["attnlab-kept-bf16"] = lambda b: window_nll(kept16, b, batch_size=len(b))
         if "attnlab-kept-bf16-unfused" in sides_wanted:  # the same without nn/fused.py's one-pass kernels
             sides["attnlab-kept-bf16-unfused"] = lambda b: unfused(lambda: window_nll(kept16, b, batch_size=len(b)))
-    if "transformers" in sides_wanted:
+    if {"transformers", "transformers-bf16"} & set(sides_wanted):
         import transformers
         t = time.perf_counter()
         hf = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                                dtype=torch.float32).eval()
         report["transformers_load_seconds"] = time.perf_counter() - t
         report["transformers_version"] = transformers.__version__
-        sides["transformers"] = lambda b: hf_nll(hf, b)
+        if "transformers" in sides_wanted:
+            sides["transformers"] = lambda b: hf_nll(hf, b)
+        if "transformers-bf16" in sides_wanted:  # the same model cast to bf16: what its user could do by hand
+            import copy
+            hf16 = copy.deepcopy(hf).to(torch.bfloat16)
+            sides["transformers-bf16"] = lambda b: hf_nll(hf16, b)
     def partial(figures: dict) -> None:
         Path(args.json).write_text(json.dumps({**report, "partial": figures}, indent=1))
     results = run_sides(sides, windows, args.batch_size, "sides", partial if args.json else None) if sides else {}
