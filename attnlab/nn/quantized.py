@@ -43,7 +43,8 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def _build() -> ctypes.CDLL:
-    src = b"".join(path.read_bytes() for path in _SOURCES)
+    headers = sorted(_SOURCES[0].parent.glob("*.h"))  # included by the sources: a change must rebuild too
+    src = b"".join(path.read_bytes() for path in [*_SOURCES, *headers])
     tag = hashlib.sha256(src + cpu_key().encode()).hexdigest()[:16]
     out = cache_root() / "kernels" / f"attnlab-kernels-{tag}.so"
     if not out.exists():

@@ -11,7 +11,7 @@
  * the packed keys and values. The masked upper triangle is skipped (up to the step's last position).
  *
  * Numbers, as torch's flash kernel for bf16 computes them: scores in fp32 from bf16 products (exact) summed in
- * fp32, times the scale; softmax in fp32 (e^x: the Cephes polynomial of fused_rows.c, ~1 ulp); the
+ * fp32, times the scale; softmax in fp32 (e^x: the Cephes polynomial of exp512.h, ~1 ulp); the
  * unnormalized probabilities rounded to bf16 for the value product, which accumulates in fp32; the row divided
  * by its fp32 sum at the end, rounded once to bf16. The summation order differs from torch's, so results differ
  * by bf16 rounding. Without AVX512-BF16 at compile time the kernel says so and torch's path runs instead.
@@ -28,22 +28,7 @@
 
 int causal_attention_supported(void) { return 1; }
 
-/* e^x on 16 lanes: the clamp and polynomial of fused_rows.c's exp_poly, 2^n applied by VSCALEFPS. */
-AI __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
+#include "exp512.h"  /* exp512: e^x for x <= 0 */
 
 AI uint32_t pair_at(const uint16_t *row, int64_t p) { uint32_t u; memcpy(&u, row + 2 * p, 4); return u; }
 
@@ -120,7 +105,7 @@ AI void attend_group(const uint16_t *q, const int64_t *qs, const uint32_t *kp, c
             for (j = 0; j < pend; j += 16) {
                 const int64_t left = n - j;
                 const __mmask16 keep = left >= 16 ? 0xFFFF : (left <= 0 ? 0 : (__mmask16)((1u << left) - 1u));
-                const __m512 e = _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv)));
+                const __m512 e = _mm512_maskz_mov_ps(keep, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv)));
                 acc = _mm512_add_ps(acc, e);
                 _mm256_storeu_si256((__m256i *)(pr + j), (__m256i)_mm512_cvtneps_pbh(e));  /* j + 16 <= kend */
             }
