@@ -5,7 +5,7 @@ transformers (fp32, same windows, same threads, timed batch by batch in turns in
 
   OMP_NUM_THREADS=1 python benchmarks/lm_perplexity.py [--chars N] [--context 512] [--convention llama.cpp|hf]
       [--stride S] [--batch-size 4] [--sides attnlab,attnlab-bf16,attnlab-kept,attnlab-kept-bf16,transformers,
-                                             attnlab-kept-bf16-unfused (the last without nn/fused.py's kernels),
+                                             attnlab-kept-bf16-unfused (the last with ATTNLAB_FUSED=0),
                                              transformers-bf16 (transformers' model cast to bf16)]
       [--quant [--quant-chars N] [--quant-rows fp32,bf16,int8,gguf,kept]] [--json OUT.json]
 
@@ -91,16 +91,11 @@ def _stamp(line: str) -> float:
 
 
 def unfused(run):
-    """run() with attnlab's one-pass element-wise kernels off (ATTNLAB_FUSED=0): what they are worth."""
-    old = os.environ.get("ATTNLAB_FUSED")
-    os.environ["ATTNLAB_FUSED"] = "0"
-    try:
+    """run() with attnlab's own CPU kernels off (ATTNLAB_FUSED=0: the one-pass element-wise ones, the LM head's
+    log-sum-exp, bf16 causal attention): what they are worth."""
+    from unittest import mock
+    with mock.patch.dict(os.environ, {"ATTNLAB_FUSED": "0"}):
         return run()
-    finally:
-        if old is None:
-            del os.environ["ATTNLAB_FUSED"]
-        else:
-            os.environ["ATTNLAB_FUSED"] = old
 
 
 def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, threads: int,
