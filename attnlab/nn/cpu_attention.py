@@ -13,6 +13,7 @@ import ctypes
 
 import torch
 
+from .fused import usable
 from .quantized import kernels, split_rows
 
 MAX_KEYS = 128       # beyond it torch's flash kernel (key blocks, no per-head padding) is as fast
@@ -55,14 +56,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     contiguous. Returns (B, H, T, D) (a transposed view of a (B, T, H, D) tensor), or None when the case or
     the CPU is not the kernel's (then use torch's). Measured on SmolLM2-135M, 4 x 512-token windows, one
     thread: see the README's `evaluate lm` table (the side attnlab-kept-bf16-unfused runs without it)."""
-    from .fused import _usable  # the conditions every C kernel here shares (no grad, no compile or trace, ...)
     b, h, t, d = q.shape
     hk = k.size(1)
     if (not q.dtype == k.dtype == v.dtype == torch.bfloat16 or d not in (64, 128) or k.shape != v.shape
             or k.dim() != 4 or (k.size(0), k.size(2), k.size(3)) != (b, t, d) or h % hk
             or any(x.stride(-1) != 1 or type(x) is not torch.Tensor or x.device.type != "cpu" for x in (k, v))):
         return None
-    lib = _usable(q, contiguous=False)
+    lib = usable(q, contiguous=False)  # the conditions every C kernel shares (no grad, compile, trace...)
     if lib is None or not lib.causal_attention_supported():
         return None
     out = torch.empty(b, t, h, d, dtype=torch.bfloat16).transpose(1, 2)

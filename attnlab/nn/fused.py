@@ -23,7 +23,7 @@ _CHUNK = 1 << 16          # elements per thread at least
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _usable(x: torch.Tensor, *others: torch.Tensor, contiguous: bool = True):
+def usable(x: torch.Tensor, *others: torch.Tensor, contiguous: bool = True):
     """The kernel library when `x` and `others` qualify (see the module doc), else None. `others` must be CPU
     tensors of x's dtype (or fp32), contiguous; x too unless contiguous=False (then its last dimension)."""
     if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.numel() < _MIN_ELEMENTS
@@ -41,7 +41,7 @@ def _usable(x: torch.Tensor, *others: torch.Tensor, contiguous: bool = True):
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up, or None when the kernel does not apply. (A new tensor, not written into `gate`: a
     forward hook may hold on to the gate's output.)"""
-    lib = _usable(gate, up)
+    lib = usable(gate, up)
     if lib is None or gate.shape != up.shape or up.dtype != gate.dtype:
         return None
     out = torch.empty_like(gate)
@@ -53,7 +53,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """weight * round(x / sqrt(mean(x^2, -1) + eps)) over the last dimension, or None when the kernel does
     not apply."""
-    lib = _usable(x, weight)
+    lib = usable(x, weight)
     if lib is None or weight.dim() != 1 or x.size(-1) != weight.numel() or weight.dtype != x.dtype:
         return None
     out = torch.empty_like(x)
@@ -73,7 +73,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor 
     if (x.stride(-1) != 1 or d % 2 or tuple(cos.shape[2:]) != (t, d) or cos.size(0) not in (1, b)
             or cos.dtype != sin.dtype or cos.dtype not in (torch.float32, x.dtype)):
         return None
-    lib = _usable(x, cos, sin, contiguous=False)
+    lib = usable(x, cos, sin, contiguous=False)
     if lib is None:
         return None
     out = torch.empty_like(x)  # preserve_format: x's layout when x is dense, else contiguous
@@ -90,7 +90,7 @@ def lse_tile(logits: torch.Tensor, targets: torch.Tensor, v0: int, run_max: torc
     max `run_max` and sum `run_sum` of e^(logit - max) (fp32, (n,)), and copy the logit of `targets` (int64)
     into `picked` where it falls in columns [v0, v0 + cols). False (nothing done) when the kernel does not
     apply; then the caller folds the tile in with torch's ops."""
-    lib = _usable(logits)
+    lib = usable(logits)
     n = logits.size(0) if logits.dim() == 2 else -1
     if (lib is None or n < 1 or targets.dtype != torch.int64 or not targets.is_contiguous()
             or any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"

@@ -1,7 +1,9 @@
 """Which precision is fast on this CPU. bf16 matmuls run natively only with AVX512-BF16 or AMX-BF16
 (measured here: ~2.4x fp32 with avx512_bf16); on an AVX2-only CPU PyTorch emulates them, roughly 10x
 slower than fp32 (0.6 vs 5.9 GFLOP/s on one core). attnlab never picks bf16 by default on such a CPU, and
-asking for it prints one line saying so."""
+asking for it prints one line saying so (`train.precision=auto` picks bf16 only where it is native).
+Also this machine's other facts and settings: its CPU key for cached builds, the cache directory, and glibc
+malloc's mmap threshold for CPU training (`tune_malloc`)."""
 from __future__ import annotations
 
 import ctypes

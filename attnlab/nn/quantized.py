@@ -30,7 +30,8 @@ from .precision import cache_root, cpu_key
 # GGML type id -> (name, bytes per block of 32 weights)
 BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 # every C kernel of the package, built into one library: the GGUF block products here, the int8 rows of
-# nn/int8.py, the short-sequence attention of nn/cpu_attention.py and the one-pass rows of nn/fused.py
+# nn/int8.py, the short-sequence and bf16 causal attention of nn/cpu_attention.py and the one-pass rows of
+# nn/fused.py (csrc/*.h: included by them)
 _SOURCES = [Path(__file__).with_name("csrc") / name
             for name in ("ggml_blocks.c", "int8_rows.c", "short_attention.c", "fused_rows.c", "causal_attention.c")]
 # From this many input rows on, BlockLinear dequantizes weight tiles and multiplies with torch's GEMM; below,

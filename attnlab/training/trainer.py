@@ -17,8 +17,7 @@ What one optimizer step does: `grad_accum` micro-batches, each forward under aut
 asked) and backward of loss / grad_accum; clip the global gradient norm; AdamW step; scheduler step.
 Every `log_every` steps a line goes to OUTPUT/metrics.jsonl ({"step", "loss", "lr", "tokens_per_s" (of the
 training steps: evaluations and checkpoints are not counted), "elapsed_s"}, and "expert_share" for a mixture
-of experts); every `eval_every` steps the held-out batches are
-scored (keys "eval_*").
+of experts); every `eval_every` steps the held-out batches are scored (keys "eval_*").
 
 A non-finite loss (or gradient norm, when clipping) is caught before the optimizer step, so the
 weights are never touched by it: with `nan_policy="stop"` (default) the run stops with an error

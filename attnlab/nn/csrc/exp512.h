@@ -4,7 +4,7 @@
 #define ATTNLAB_EXP512_H
 #include <immintrin.h>
 
-/* e^x for x <= 0 (scores minus their row's max): Cephes' expf polynomial on x - n ln2, times 2^n. */
+/* Cephes' expf polynomial on x - n ln2, times 2^n; x clamped below at -87. */
 static inline __m512 exp512(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
