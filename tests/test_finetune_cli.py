@@ -195,6 +195,19 @@ def test_max_minutes_stops_the_encoder_finetune_evaluates_and_keeps_the_model(ti
     assert e.value.code == 2 and "must be more than 0 minutes" in capsys.readouterr().err
 
 
+def test_layer_decay_reaches_the_trainer_and_the_summary(tiny, data_dir, tmp_path, capsys):
+    out = tmp_path / "llrd"
+    assert main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--epochs", "1",
+                 "--max-train-samples", "64", "--max-eval-samples", "16", "--max-length", "32",
+                 "--layer-decay", "0.8", "--no-progress"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["layer_decay"] == 0.8
+    assert "(x0.8 a layer down)" in capsys.readouterr().err
+    for bad in ("0", "1.5", "x"):
+        with pytest.raises(SystemExit) as e:
+            main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--layer-decay", bad])
+        assert e.value.code == 2 and "--layer-decay" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sst2", "--model", "minilm", "--warmup", "100", "--eval-beams", "4"],
      "finetune sst2 does not read --warmup, --eval-beams; remove them"),
@@ -202,6 +215,7 @@ def test_max_minutes_stops_the_encoder_finetune_evaluates_and_keeps_the_model(ti
      "finetune sst2 --text-to-text does not read --pooling; remove it"),
     (["translation", "--lr", "1e-3", "--precision", "bf16"],
      "finetune translation does not read --precision, --lr; remove them"),
+    (["translation", "--layer-decay", "0.8"], "finetune translation does not read --layer-decay; remove it"),
 ])
 def test_an_option_the_run_would_not_read_is_refused_before_any_work(argv, message, tmp_path, capsys):
     # argparse takes every option for every task, so without this e.g. --warmup on SST-2 was silently ignored

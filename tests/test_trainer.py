@@ -17,7 +17,7 @@ from attnlab.data.stream import BatchStream, fixed_batches
 from attnlab.heads import MaskedLM
 from attnlab.objectives import ObjectiveConfig, build_objective
 from attnlab.tokenizers import load_tokenizer, train_tokenizer
-from attnlab.training import Trainer, TrainArgs, lr_factor, param_groups
+from attnlab.training import Trainer, TrainArgs, build_optimizer, lr_factor, param_groups
 from attnlab.training import checkpoint as ckpt
 from attnlab.training.pretrain import build_model_config, load_config
 
@@ -146,6 +146,34 @@ def test_schedule_and_weight_decay_groups():
     assert {names[id(p)] for p in no_decay["params"]} >= {"backbone.embeddings.norm.weight", "mlm.bias",
                                                           "backbone.layers.0.attn.q.bias"}
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))  # tied counted once
+
+
+def test_layer_decay_gives_each_depth_its_rate_and_adam_moves_it_that_far():
+    """Layer-wise learning-rate decay: embeddings at decay^(L+1), layer i at decay^(L-i), the head at the peak;
+    one AdamW step (no weight decay) moves each weight by about its group's rate, so the rates are the ones used."""
+    torch.manual_seed(0)
+    model = MaskedLM(tiny_bert(100))
+    L, decay, lr = model.config.num_layers, 0.5, 1e-3
+    optimizer, _ = build_optimizer(model, lr=lr, weight_decay=0.0, warmup_steps=0, max_steps=10, layer_decay=decay)
+    rate = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    names = dict(model.named_parameters())
+    assert rate[id(names["backbone.embeddings.norm.weight"])] == pytest.approx(lr * decay ** (L + 1))
+    for i in range(L):
+        assert rate[id(names[f"backbone.layers.{i}.attn.q.weight"])] == pytest.approx(lr * decay ** (L - i))
+    assert rate[id(names["mlm.bias"])] == pytest.approx(lr) == optimizer.param_groups[0]["lr"]
+    assert len(rate) == len(list(model.parameters()))  # every parameter once (the tied decoder too)
+    before = {n: p.detach().clone() for n, p in names.items()}
+    ids = torch.randint(5, 100, (2, 12))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    for n in ("backbone.embeddings.norm.weight", f"backbone.layers.{L - 1}.ffn.up.weight", "mlm.bias"):
+        moved = (names[n].detach() - before[n]).abs().max().item()
+        assert moved == pytest.approx(rate[id(names[n])], rel=0.05), n  # Adam's first step: ~lr per weight
+    with pytest.raises(ValueError, match="layer_decay=0"):
+        param_groups(model, 0.01, layer_decay=0.0)
+    with pytest.raises(ValueError, match="layer_decay"):
+        TrainArgs(output_dir="x", layer_decay=1.5).validate()
+    assert len(param_groups(model, 0.01)) == 2  # no decay: the two groups as before
 
 
 def test_bf16_autocast_trains(corpus, tmp_path):

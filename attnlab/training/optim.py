@@ -10,10 +10,17 @@ step 0 -> 0, step 5 -> 5e-4, step 10 -> 1e-3, step 60 -> 5e-4, step 110 -> 0.
 `inverse_sqrt` is the original Transformer's (Vaswani et al. 2017, §5.3): with s = step + 1, the factor
 min(s / warmup, sqrt(warmup / s)) rises linearly to 1 at s = warmup and then falls as 1/sqrt(s), so
 lr * factor equals d^-0.5 * min(s^-0.5, s * warmup^-1.5) when lr = d^-0.5 * warmup^-0.5.
+
+Layer-wise learning-rate decay (`layer_decay` < 1; Howard & Ruder 2018 "discriminative fine-tuning", ELECTRA
+§3.1, Sun et al. 2019 "How to fine-tune BERT for text classification" §5.3): the top of the network learns at
+`lr`, each layer below at `layer_decay` times the one above it, the embeddings lowest, so the general features
+of the lower layers move least. Depth is read from the parameter's name: `...embeddings...` is 0, `...layers.i...`
+is i + 1, anything else (final norm, pooler, task head) is the top, L + 1.
 """
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
@@ -21,11 +28,41 @@ from torch import nn
 SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for p in {id(p): p for p in model.parameters() if p.requires_grad}.values():  # tied weights once
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def layer_depth(name: str, num_layers: int) -> int:
+    """0 for the embeddings, i + 1 for `layers.i`, num_layers + 1 for everything above (see the module doc)."""
+    m = _LAYER.search(name)
+    if m:
+        return int(m.group(1)) + 1
+    return 0 if "embeddings." in name else num_layers + 1
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+    """AdamW groups: decayed (2-d and up) and not; with `layer_decay` < 1 also one pair per depth, each group's
+    "lr_scale" (layer_decay ** (top - depth)) multiplying the learning rate. The top groups come first, so that
+    param_groups[0]["lr"] is the peak rate the logs show."""
+    if not 0.0 < layer_decay <= 1.0:
+        raise ValueError(f"layer_decay={layer_decay}: expected a factor in (0, 1] (1 = the same rate everywhere)")
+    named = {id(p): (n, p) for n, p in model.named_parameters() if p.requires_grad}.values()  # tied weights once
+    if layer_decay == 1.0:
+        decay, no_decay = [], []
+        for _, p in named:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    layers = {int(m.group(1)) for n, _ in model.named_parameters() for m in [_LAYER.search(n)] if m}
+    if not layers:
+        raise ValueError(f"layer_decay={layer_decay}: {type(model).__name__} has no parameters named layers.<i>. "
+                         "to decay by depth")
+    top = max(layers) + 2
+    groups: dict[tuple[int, bool], dict] = {}
+    for n, p in named:
+        depth, decayed = layer_depth(n, top - 1), p.dim() >= 2
+        g = groups.setdefault((depth, decayed), {"params": [], "weight_decay": weight_decay if decayed else 0.0,
+                                                 "lr_scale": layer_decay ** (top - depth)})
+        g["params"].append(p)
+    return [groups[k] for k in sorted(groups, key=lambda k: (-k[0], not k[1]))]
 
 
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, schedule: str = "linear",
@@ -62,10 +99,12 @@ def fused_supported(params: list[torch.Tensor]) -> bool:
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-8,
                     warmup_steps: int, max_steps: int, schedule: str = "linear", min_lr_ratio: float = 0.0,
-                    fused: bool = False):
+                    fused: bool = False, layer_decay: float = 1.0):
     """AdamW over `param_groups` and a LambdaLR of `lr_factor`. fused=True uses the fused kernel where
     `fused_supported` (the same update within float rounding, ~1e-7; one kernel instead of one per tensor)."""
-    groups = param_groups(model, weight_decay)
+    groups = param_groups(model, weight_decay, layer_decay)
+    for g in groups:  # LambdaLR scales each group's own initial rate
+        g["lr"] = lr * g.pop("lr_scale", 1.0)
     fused = fused and fused_supported([p for g in groups for p in g["params"]])
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **({"fused": True} if fused else {}))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(

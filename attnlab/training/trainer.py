@@ -65,6 +65,7 @@ class TrainArgs:
     warmup_steps: int = 0
     schedule: str = "linear"           # linear | cosine | constant
     weight_decay: float = 0.01
+    layer_decay: float = 1.0           # < 1: each layer down learns at this times the rate above (training/optim.py)
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-6
@@ -90,7 +91,7 @@ class TrainArgs:
 
     # what a resumed run must share with the run that wrote its checkpoint, else "resume" would quietly go on
     # with another run (grad_accum, max_minutes, parallel... may differ: FSDP resumes with another world size)
-    SAME_RUN = ("max_steps", "lr", "warmup_steps", "schedule", "weight_decay", "seed", "eval_every", "best_metric")
+    SAME_RUN = ("max_steps", "lr", "warmup_steps", "schedule", "weight_decay", "layer_decay", "seed", "eval_every", "best_metric")
 
     def validate(self) -> None:
         def positive(name):
@@ -106,6 +107,8 @@ class TrainArgs:
             raise ValueError(f"train.schedule={self.schedule!r}: expected one of {', '.join(SCHEDULES)}")
         if self.precision not in ("fp32", "bf16", "auto"):
             raise ValueError(f"train.precision={self.precision!r}: expected fp32, bf16 or auto")
+        if not 0.0 < self.layer_decay <= 1.0:
+            raise ValueError(f"train.layer_decay={self.layer_decay} must be in (0, 1] (1: one rate for every layer)")
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must not be negative")
         if self.nan_policy not in ("stop", "skip"):
@@ -173,7 +176,8 @@ class Trainer:
         self.optimizer, self.scheduler = build_optimizer(
             self.model, lr=args.lr, weight_decay=args.weight_decay, betas=(args.beta1, args.beta2), eps=args.eps,
             warmup_steps=args.warmup_steps, max_steps=args.max_steps, schedule=args.schedule,
-            min_lr_ratio=args.min_lr_ratio, fused=args.fused_adamw)
+            min_lr_ratio=args.min_lr_ratio, fused=args.fused_adamw,
+            layer_decay=args.layer_decay)
         self._compiled = None          # train.compile: the compiled loss, built at the first step
         self.step = 0
         self.batches_seen = 0
