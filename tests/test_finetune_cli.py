@@ -195,17 +195,19 @@ def test_max_minutes_stops_the_encoder_finetune_evaluates_and_keeps_the_model(ti
     assert e.value.code == 2 and "must be more than 0 minutes" in capsys.readouterr().err
 
 
-def test_layer_decay_reaches_the_trainer_and_the_summary(tiny, data_dir, tmp_path, capsys):
+def test_layer_decay_and_ema_reach_the_trainer_and_the_summary(tiny, data_dir, tmp_path, capsys):
     out = tmp_path / "llrd"
     assert main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--epochs", "1",
                  "--max-train-samples", "64", "--max-eval-samples", "16", "--max-length", "32",
-                 "--layer-decay", "0.8", "--no-progress"]) == 0
-    assert json.loads((out / "metrics.json").read_text())["layer_decay"] == 0.8
-    assert "(x0.8 a layer down)" in capsys.readouterr().err
-    for bad in ("0", "1.5", "x"):
+                 "--layer-decay", "0.8", "--ema", "0.99", "--no-progress"]) == 0
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["layer_decay"] == 0.8 and summary["ema"] == 0.99
+    assert "(x0.8 a layer down), weights averaged (EMA 0.99)" in capsys.readouterr().err
+    for flag, bad in [("--layer-decay", "0"), ("--layer-decay", "1.5"), ("--layer-decay", "x"), ("--ema", "1"),
+                      ("--ema", "-0.1")]:
         with pytest.raises(SystemExit) as e:
-            main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--layer-decay", bad])
-        assert e.value.code == 2 and "--layer-decay" in capsys.readouterr().err
+            main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), flag, bad])
+        assert e.value.code == 2 and flag in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

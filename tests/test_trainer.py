@@ -176,6 +176,52 @@ def test_layer_decay_gives_each_depth_its_rate_and_adam_moves_it_that_far():
     assert len(param_groups(model, 0.01)) == 2  # no decay: the two groups as before
 
 
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step")  # the test wraps step to record weights
+def test_ema_is_the_running_average_evaluated_kept_and_resumed_exactly(corpus, tmp_path):
+    """train.ema: the weights a run ends with are the average of the weights after each step (computed here
+    by hand from the trajectory), evaluation scores the average and leaves the trained weights as they were,
+    and a killed run resumes to the same average bit for bit."""
+    decay = 0.9
+    trainer = _setup(corpus, tmp_path / "a", ema=decay)
+    name = "backbone.layers.0.attn.q.weight"
+    param = dict(trainer.model.named_parameters())[name]
+    trajectory, step = [param.detach().clone()], trainer.optimizer.step
+
+    def recording_step(*a, **kw):
+        out = step(*a, **kw)
+        trajectory.append(param.detach().clone())
+        return out
+    trainer.optimizer.step = recording_step
+    scored = []
+    fn = trainer.evaluate
+    trainer.evaluate = lambda: (scored.append(param.detach().clone()), fn())[1]
+    trainer.train()
+    expected = trajectory[0].double()
+    for t, w in enumerate(trajectory[1:]):
+        d = min(decay, (1 + t) / (10 + t))
+        expected = d * expected + (1 - d) * w.double()
+        if t + 1 == 10:
+            at_10 = expected.clone()
+    assert torch.allclose(param.detach().double(), expected, atol=1e-6), name    # the run ends with the average
+    assert not torch.allclose(param.detach(), trajectory[-1], atol=1e-4)        # which is not the last weights
+    assert torch.allclose(scored[0].double(), at_10, atol=1e-6)                  # step 10's evaluation saw it
+    with trainer.averaged():
+        pass
+    assert torch.allclose(param.detach().double(), expected, atol=1e-6)
+    # exact resume: the average is in the checkpoint
+    first = _setup(corpus, tmp_path / "b", ema=decay)
+    first.train(until=10)
+    assert torch.equal(dict(first.model.named_parameters())[name], trajectory[10])  # mid-run: trained weights
+    second = _setup(corpus, tmp_path / "b", ema=decay, resume=True)
+    second.train()
+    for (n, p), q in zip(trainer.model.named_parameters(), second.model.parameters()):
+        assert torch.equal(p, q), n
+    with pytest.raises(ValueError, match="ema=0.9, this one has ema=0.0"):
+        _setup(corpus, tmp_path / "b", resume=True, ema=0.0).resume()   # another run (TrainArgs.SAME_RUN)
+    with pytest.raises(ValueError, match="train.ema"):
+        TrainArgs(output_dir="x", ema=1.0).validate()
+
+
 def test_bf16_autocast_trains(corpus, tmp_path):
     trainer = _setup(corpus, tmp_path, precision="bf16")
     trainer.args.max_steps = 4

@@ -106,6 +106,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-decay", type=_layer_decay, default=1.0, metavar="F",
                    help="layer-wise learning-rate decay: the top layer and the head learn at --lr, each layer below "
                         "at F times the one above, the embeddings lowest (ELECTRA; default 1: one rate everywhere)")
+    p.add_argument("--ema", type=_ema, default=0.0, metavar="D",
+                   help="evaluate and keep an exponential moving average of the weights, of decay D (e.g. 0.999; "
+                        "Polyak averaging; default 0: the weights as trained)")
     p.add_argument("--train-embeddings", action="store_true",
                    help="also update the word-embedding matrix (frozen by default: faster on CPU)")
     p.add_argument("--from-scratch", action="store_true",
@@ -164,12 +167,22 @@ def _layer_decay(text: str) -> float:
     return value
 
 
+def _ema(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a decay in [0, 1), e.g. 0.999") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: must be in [0, 1) (0: off)")
+    return value
+
+
 # Options each kind of run never reads, with their defaults: set to anything else they are refused, so a user
 # never believes e.g. --warmup shaped an SST-2 run that ignored it.
 _TRANSLATION_ONLY = {"src_lang": None, "tgt_lang": None, "directions": None, "train_src": None, "train_tgt": None,
                      "valid_src": None, "valid_tgt": None, "max_tokens": 4096, "warmup": None, "lr_factor": 1.0,
                      "eval_beams": 1}
-_ENCODER_ONLY = {"layer_decay": 1.0, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
+_ENCODER_ONLY = {"layer_decay": 1.0, "ema": 0.0, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
                  "compile": False, "precision": "fp32", "train_embeddings": False, "from_scratch": False, "lora": None}
 _NOT_READ = {
     "encoder": {**_TRANSLATION_ONLY, "set": [], "vocab_size": 8000},
@@ -215,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
                        from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
                        setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile,
-                       precision=args.precision, max_minutes=args.max_minutes, layer_decay=args.layer_decay)
+                       precision=args.precision, max_minutes=args.max_minutes, layer_decay=args.layer_decay,
+                       ema=args.ema)
     print(json.dumps(summary))
     return 0
 

@@ -141,7 +141,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              save_every: int = 0, resume: bool = False, parallel: str = "ddp",
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None,
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False,
-             precision: str = "fp32", max_minutes: float | None = None, layer_decay: float = 1.0) -> dict:
+             precision: str = "fp32", max_minutes: float | None = None, layer_decay: float = 1.0,
+             ema: float = 0.0) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
@@ -159,6 +160,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     model so far is what `output` holds; the summary says stopped_by_time. The schedule stays planned for `epochs`.
     layer_decay: < 1 gives each layer below the top that factor of the learning rate of the one above it, the
     embeddings the lowest (train.layer_decay; training/optim.py).
+    ema: > 0 evaluates (and so keeps) an exponential moving average of the weights of that decay
+    (train.ema of the Trainer) instead of the weights as trained.
     setfit_pairs: "sampled" (SetFit's sampler) or "all" (every pair within a batch of sentences).
     setfit_steps: steps of SetFit's contrastive pairs on the encoder before the head (tasks/setfit.py, Tunstall
     et al. 2022); the head then reads mean pooling and starts from a probe, unless given. None follows
@@ -332,12 +335,13 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     pooled = type(net).__name__ == "SequenceClassification"
     print(f"finetune {task.name}: {total} steps = {epochs:g} epochs of {steps_per_epoch} batches of {batch_size}, "
           f"lr {lr:g}" + (f" (x{layer_decay:g} a layer down)" if layer_decay != 1.0 else "")
+          + (f", weights averaged (EMA {ema:g})" if ema else "")
           + (f", {net.config.classifier_pooling} pooling" if pooled else ""), file=sys.stderr, flush=True)
     if not resume:
         (output / "metrics.jsonl").write_text("")  # this run's log (the Trainer appends)
     args = TrainArgs(output_dir=str(output), max_steps=max(1, total), lr=lr, warmup_steps=int(total * warmup_ratio),
-                     schedule="linear", weight_decay=weight_decay, layer_decay=layer_decay, eps=1e-8, clip_norm=1.0,
-                     seed=seed, eval_every=eval_every or steps_per_epoch, log_every=log_every,
+                     schedule="linear", weight_decay=weight_decay, layer_decay=layer_decay, ema=ema, eps=1e-8,
+                     clip_norm=1.0, seed=seed, eval_every=eval_every or steps_per_epoch, log_every=log_every,
                      save_every=save_every, keep_last=2 if save_every else 0, resume=resume, parallel=parallel,
                      progress=progress, best_metric=task.main_metric, patience=patience or 0, compile=compile,
                      precision=precision, max_minutes=max_minutes or 0.0)
@@ -376,7 +380,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                **({"max_minutes": max_minutes, "stopped_by_time": stopped_by == "max_minutes"} if max_minutes else {}),
                "epochs": epochs, "lr": lr, "batch_size": batch_size,
                "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings, "precision": precision,
-               **({"layer_decay": layer_decay} if layer_decay != 1.0 else {}),
+               **({"layer_decay": layer_decay} if layer_decay != 1.0 else {}), **({"ema": ema} if ema else {}),
                **({"pooling": net.config.classifier_pooling, "head_init": head_init, "setfit_steps": setfit_steps,
                   **({"setfit_pairs": setfit_pairs} if setfit_steps else {})}
                   if pooled else {}),

@@ -66,6 +66,8 @@ class TrainArgs:
     schedule: str = "linear"           # linear | cosine | constant
     weight_decay: float = 0.01
     layer_decay: float = 1.0           # < 1: each layer down learns at this times the rate above (training/optim.py)
+    ema: float = 0.0                   # > 0: evaluate, keep and end with an exponential moving average of the
+                                       # weights of this decay (Polyak averaging); 0 = the weights as trained
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-6
@@ -91,7 +93,7 @@ class TrainArgs:
 
     # what a resumed run must share with the run that wrote its checkpoint, else "resume" would quietly go on
     # with another run (grad_accum, max_minutes, parallel... may differ: FSDP resumes with another world size)
-    SAME_RUN = ("max_steps", "lr", "warmup_steps", "schedule", "weight_decay", "layer_decay", "seed", "eval_every", "best_metric")
+    SAME_RUN = ("max_steps", "lr", "warmup_steps", "schedule", "weight_decay", "layer_decay", "ema", "seed", "eval_every", "best_metric")
 
     def validate(self) -> None:
         def positive(name):
@@ -109,6 +111,10 @@ class TrainArgs:
             raise ValueError(f"train.precision={self.precision!r}: expected fp32, bf16 or auto")
         if not 0.0 < self.layer_decay <= 1.0:
             raise ValueError(f"train.layer_decay={self.layer_decay} must be in (0, 1] (1: one rate for every layer)")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"train.ema={self.ema} must be in [0, 1) (0: off; e.g. 0.999)")
+        if self.ema and self.parallel == "fsdp":
+            raise ValueError("train.ema averages whole weights: use it with train.parallel=ddp or one process")
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} must not be negative")
         if self.nan_policy not in ("stop", "skip"):
@@ -179,6 +185,10 @@ class Trainer:
             min_lr_ratio=args.min_lr_ratio, fused=args.fused_adamw,
             layer_decay=args.layer_decay)
         self._compiled = None          # train.compile: the compiled loss, built at the first step
+        # train.ema: the averaged copy of every trained weight (a tied weight once), updated after each step
+        self._ema_params = list({id(p): p for p in self.model.parameters() if p.requires_grad}.values()) \
+            if args.ema else []
+        self._ema = [p.detach().clone() for p in self._ema_params]
         self.step = 0
         self.batches_seen = 0
         self.skips = 0                 # steps skipped for a non-finite loss (nan_policy=skip)
@@ -254,7 +264,8 @@ class Trainer:
         return {"step": self.step, "batches_seen": self.batches_seen, "skips": self.skips,
                 "best": self.best, "evals_since_best": self.evals_since_best,
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "ranks": ranks,
-                "world_size": self.world, "args": asdict(self.args)}
+                "world_size": self.world, "args": asdict(self.args),
+                **({"ema": self._ema} if self._ema else {})}
 
     def save(self) -> Path | None:
         if self.args.keep_last == 0:
@@ -290,6 +301,10 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.batches_seen = state["step"], state["batches_seen"]
         self.skips = state.get("skips", 0)
+        if self._ema:
+            if "ema" not in state:
+                raise ValueError(f"cannot resume from {path}: it has no train.ema average (written without train.ema)")
+            torch._foreach_copy_(self._ema, [e.to(self.device) for e in state["ema"]])
         self.best, self.evals_since_best = state.get("best", {}), state.get("evals_since_best", 0)
         # another world size (FSDP): the RNG of the saved rank with this number, or of the last one (with
         # dropout the random streams differ from an uninterrupted run); the data position is re-dealt
@@ -340,6 +355,31 @@ class Trainer:
         raise FloatingPointError(f"{what} at step {step}{why}; stopped before updating the weights; {last}. "
                                  "Lower train.lr or check the data, then resume (train.resume=true); "
                                  "train.nan_policy=skip skips such steps")
+
+    # ------------------------------------------------------------------------------------ averaging
+    def _update_ema(self) -> None:
+        """ema <- d * ema + (1 - d) * w, with d = min(train.ema, (1 + t) / (10 + t)) at update t: the short
+        memory of the first steps keeps the average from dwelling on the pretrained start (as TensorFlow's
+        ExponentialMovingAverage with num_updates)."""
+        if self._ema:
+            t = self.step
+            decay = min(self.args.ema, (1 + t) / (10 + t))
+            torch._foreach_lerp_(self._ema, [p.detach() for p in self._ema_params], 1.0 - decay)
+
+    @contextlib.contextmanager
+    def averaged(self):
+        """Within: the model holds the averaged weights (train.ema; nothing changes without it), so that an
+        evaluation scores them and a new best saves them; after: the trained weights again."""
+        if not self._ema:
+            yield
+            return
+        params = [p.detach() for p in self._ema_params]
+        trained = [p.clone() for p in params]
+        torch._foreach_copy_(params, self._ema)
+        try:
+            yield
+        finally:
+            torch._foreach_copy_(params, trained)
 
     # ------------------------------------------------------------------------------------ loops
     @torch.no_grad()
@@ -429,6 +469,7 @@ class Trainer:
                 self._non_finite(loss_value, norm, bar)  # raises unless the step is to be skipped
             else:
                 self.optimizer.step()
+                self._update_ema()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
@@ -448,7 +489,8 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tps:,.0f}")
             early_stop, paused = False, time.perf_counter()  # evaluation and checkpoints: not training time
             if (args.eval_every and self.step % args.eval_every == 0) or self.step == args.max_steps:
-                early_stop = self._evaluated(self.evaluate(), bar)
+                with self.averaged():
+                    early_stop = self._evaluated(self.evaluate(), bar)
             out_of_time = False
             if args.max_minutes > 0:  # every rank takes part, so all of them stop at the same step
                 late = float(time.perf_counter() - start >= args.max_minutes * 60)
@@ -467,9 +509,12 @@ class Trainer:
                 bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached",
                           file=sys.stderr)
                 if not (args.eval_every and self.step % args.eval_every == 0):
-                    self._evaluated(self.evaluate(), bar)
+                    with self.averaged():
+                        self._evaluated(self.evaluate(), bar)
                 break
         bar.close()
+        if self._ema and (self.step >= args.max_steps or self.stopped_by):  # the run is over: end with the average
+            torch._foreach_copy_([p.detach() for p in self._ema_params], self._ema)
         if self.skips and self.is_main:
             print(f"skipped {self.skips} steps with a non-finite loss or gradient (train.nan_policy=skip)",
                   file=sys.stderr)
