@@ -77,3 +77,17 @@ def test_finetune_precision_bf16_runs_the_steps_under_autocast(tiny, data_dir, t
     assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())  # saved in fp32
     with pytest.raises(SystemExit):  # argparse names the choices
         main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--precision", "fp16"])
+
+
+@pytest.mark.parametrize("flags, ran", [({"avx2", "fma"}, "fp32"), ({"avx2", "avx512f", "avx512_bf16"}, "bf16")])
+def test_finetune_precision_auto_runs_bf16_only_where_the_cpu_has_it(tiny, data_dir, tmp_path, monkeypatch,
+                                                                      flags, ran):
+    from attnlab.nn import precision
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text().splitlines()
+    train = tmp_path / "train.tsv"
+    train.write_text("\n".join(lines[:41]) + "\n")
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(tmp_path / "out"),
+                 "--epochs", "1", "--no-progress", "--precision", "auto"]) == 0
+    import json
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["precision"] == ran

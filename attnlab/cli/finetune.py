@@ -100,9 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the training step (forward + backward); batches are padded to multiples "
                         "of 32 tokens so that a few shapes compile, each once (tens of seconds to minutes on a CPU)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    p.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
                    help="bf16: forward and backward under bf16 autocast, weights and AdamW in fp32 (faster where "
-                        "the CPU has AVX512-BF16 or AMX: see lscpu; emulated and slower elsewhere, with a warning)")
+                        "the CPU has AVX512-BF16 or AMX: see lscpu; emulated and slower elsewhere, with a warning); "
+                        "auto: bf16 where the CPU (or GPU) has it, else fp32 (default fp32: the measured tables)")
     p.add_argument("--layer-decay", type=_layer_decay, default=1.0, metavar="F",
                    help="layer-wise learning-rate decay: the top layer and the head learn at --lr, each layer below "
                         "at F times the one above, the embeddings lowest (ELECTRA; default 1: one rate everywhere)")

@@ -155,7 +155,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     compile: torch.compile the training step (train.compile of the Trainer); batches are padded to multiples
     of COMPILE_PAD tokens so that only a few shapes get compiled.
     precision: "bf16" runs forward and backward under bf16 autocast (train.precision of the Trainer; weights,
-    gradients and AdamW stay fp32); fast only where the CPU has AVX512-BF16/AMX (a warning otherwise).
+    gradients and AdamW stay fp32); fast only where the CPU has AVX512-BF16/AMX (a warning otherwise). "auto" is
+    bf16 where the hardware has it, else fp32; the summary's "precision" says which ran.
     max_minutes: a time budget (train.max_minutes of the Trainer): training stops after it, evaluates, and the best
     model so far is what `output` holds; the summary says stopped_by_time. The schedule stays planned for `epochs`.
     layer_decay: < 1 gives each layer below the top that factor of the learning rate of the one above it, the
@@ -379,7 +380,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                "best_step": best.get("step"),
                **({"max_minutes": max_minutes, "stopped_by_time": stopped_by == "max_minutes"} if max_minutes else {}),
                "epochs": epochs, "lr": lr, "batch_size": batch_size,
-               "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings, "precision": precision,
+               "max_length": max_length, "seed": seed, "freeze_embeddings": freeze_embeddings,
+               "precision": trainer.precision,  # "auto" resolved
                **({"layer_decay": layer_decay} if layer_decay != 1.0 else {}), **({"ema": ema} if ema else {}),
                **({"pooling": net.config.classifier_pooling, "head_init": head_init, "setfit_steps": setfit_steps,
                   **({"setfit_pairs": setfit_pairs} if setfit_steps else {})}
