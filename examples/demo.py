@@ -155,6 +155,17 @@ def finetune_lora() -> None:
     print(f"(the adapter alone, in peft's layout: {OUT / 'sentiment-lora' / 'adapter'}; the merged model beside it)")
 
 
+def finetune_averaged() -> None:
+    section("6a'. the same classifier with layer-wise learning-rate decay (each layer down learns at 0.8x the one "
+            "above) and an exponential moving average of the weights, the model kept and scored")
+    data = HERE / "data"
+    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment-averaged"), "--layer-decay", "0.8",
+         "--ema", "0.9", "--train", str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"),
+         "--epochs", "8", "--lr", "1e-4", "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+    print("(on the full SST-2 file, 3 epochs, --ema 0.999 kept 91.28% of the 872 held-out sentences against 90.71% "
+          "without it, the same run otherwise: README, fine-tuning)")
+
+
 def learning_curve() -> None:
     section("6b. learning curve: accuracy vs labeled examples, MiniLM vs its architecture from random weights")
     data = HERE / "data"  # the same 40 + 10 demo sentences; the real curves use SST-2's 872-sentence hold-out
@@ -412,8 +423,8 @@ def xlm_tlm() -> None:
 
 
 SECTIONS = [show_info, nearest_neighbours, attention_page, chat_with_smollm2, compiled_decoding, pretrain_char_gpt,
-            finetune_sentiment, finetune_lora, learning_curve, serve_over_http, encoder_decoder, translate_toy,
-            denoise_bart, long_attention, claims_as_experiments, prompting_reasoning, retrieval,
+            finetune_sentiment, finetune_lora, finetune_averaged, learning_curve, serve_over_http, encoder_decoder,
+            translate_toy, denoise_bart, long_attention, claims_as_experiments, prompting_reasoning, retrieval,
             distill_narrow_student, deberta_rtd, xlnet_plm, xlm_tlm, text_to_text]
 
 
