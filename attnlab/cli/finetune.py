@@ -162,24 +162,23 @@ def _minutes(text: str) -> float:
     return value
 
 
-def _layer_decay(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1], e.g. 0.8") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: must be in (0, 1] (1: the same rate for every layer)")
-    return value
+def _unit_interval(*, zero: bool, one: bool, hint: str):
+    """An argparse type for a number between 0 and 1, each end allowed or not (also refuses nan)."""
+    span = f"{'[' if zero else '('}0, 1{']' if one else ')'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a number in {span}, {hint}") from None
+        if not ((0.0 <= value if zero else 0.0 < value) and (value <= 1.0 if one else value < 1.0)):
+            raise argparse.ArgumentTypeError(f"{text}: must be in {span} ({hint})")
+        return value
+    return parse
 
 
-def _ema(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a decay in [0, 1), e.g. 0.999") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: must be in [0, 1) (0: off)")
-    return value
+_layer_decay = _unit_interval(zero=False, one=True, hint="1: the same rate for every layer; e.g. 0.8")
+_ema = _unit_interval(zero=True, one=False, hint="0: off; e.g. 0.999")
 
 
 # Options each kind of run never reads, with their defaults: set to anything else they are refused, so a user
