@@ -210,6 +210,27 @@ def test_layer_decay_and_ema_reach_the_trainer_and_the_summary(tiny, data_dir, t
         assert e.value.code == 2 and flag in capsys.readouterr().err
 
 
+def test_test_file_scores_the_kept_model_on_data_that_chose_nothing(tiny, data_dir, tmp_path, capsys):
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text().splitlines()
+    train, valid, test = tmp_path / "train.tsv", tmp_path / "valid.tsv", tmp_path / "test.tsv"
+    train.write_text("\n".join(lines[:81]) + "\n")
+    valid.write_text("\n".join(lines[:1] + lines[81:101]) + "\n")
+    test.write_text("\n".join(lines[:1] + lines[101:131]) + "\n")
+    out = tmp_path / "out"
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--valid", str(valid),
+                 "--test", str(test), "--output", str(out), "--epochs", "1", "--no-progress"]) == 0
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["test"] == str(test) and summary["test_examples"] == 30 and "eval_accuracy" in summary
+    assert "the kept model (step" in capsys.readouterr().err
+    main(["evaluate", "sst2", "--model", str(out), "--data", str(test)])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["accuracy"] == summary["test_accuracy"]
+    missing = tmp_path / "nope.tsv"
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--test", str(missing),
+                 "--output", str(tmp_path / "o2")]) != 0
+    assert f"test file {missing} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()  # refused before anything was written
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sst2", "--model", "minilm", "--warmup", "100", "--eval-beams", "4"],
      "finetune sst2 does not read --warmup, --eval-beams; remove them"),
@@ -218,6 +239,7 @@ def test_layer_decay_and_ema_reach_the_trainer_and_the_summary(tiny, data_dir, t
     (["translation", "--lr", "1e-3", "--precision", "bf16"],
      "finetune translation does not read --precision, --lr; remove them"),
     (["translation", "--layer-decay", "0.8"], "finetune translation does not read --layer-decay; remove it"),
+    (["translation", "--test", "t.tsv"], "finetune translation does not read --test; remove it"),
 ])
 def test_an_option_the_run_would_not_read_is_refused_before_any_work(argv, message, tmp_path, capsys):
     # argparse takes every option for every task, so without this e.g. --warmup on SST-2 was silently ignored

@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", help="training file (default: the task's file under ATTNLAB_DATA; "
                                    "several files may be joined with commas)")
     p.add_argument("--valid", help="validation file (default: the task's dev file, or a held-out part of train)")
+    p.add_argument("--test", metavar="FILE",
+                   help="after training, score the kept model on this labelled file too (metrics.json: test_*): "
+                        "chosen on --valid, reported on data that took no part in choosing it")
     p.add_argument("--epochs", type=float, help="passes over the training data (fractions allowed; default: the rule below)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: the rule below)")
     p.add_argument("--batch-size", type=int, help="examples per step (default: the rule below)")
@@ -186,7 +189,7 @@ _ema = _unit_interval(zero=True, one=False, hint="0: off; e.g. 0.999")
 _TRANSLATION_ONLY = {"src_lang": None, "tgt_lang": None, "directions": None, "train_src": None, "train_tgt": None,
                      "valid_src": None, "valid_tgt": None, "max_tokens": 4096, "warmup": None, "lr_factor": 1.0,
                      "eval_beams": 1}
-_ENCODER_ONLY = {"layer_decay": 1.0, "ema": 0.0, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
+_ENCODER_ONLY = {"test": None, "layer_decay": 1.0, "ema": 0.0, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
                  "compile": False, "precision": "fp32", "train_embeddings": False, "from_scratch": False, "lora": None}
 _NOT_READ = {
     "encoder": {**_TRANSLATION_ONLY, "set": [], "vocab_size": 8000},
@@ -233,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
                        setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile,
                        precision=args.precision, max_minutes=args.max_minutes, layer_decay=args.layer_decay,
-                       ema=args.ema)
+                       ema=args.ema, test_file=args.test)
     print(json.dumps(summary))
     return 0
 

@@ -142,7 +142,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None,
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False,
              precision: str = "fp32", max_minutes: float | None = None, layer_decay: float = 1.0,
-             ema: float = 0.0) -> dict:
+             ema: float = 0.0, test_file: str | Path | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
@@ -163,6 +163,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     embeddings the lowest (train.layer_decay; training/optim.py).
     ema: > 0 evaluates (and so keeps) an exponential moving average of the weights of that decay
     (train.ema of the Trainer) instead of the weights as trained.
+    test_file: a labelled file the kept model is scored on after training (summary "test_*"): the checkpoint is
+    chosen on the validation data and reported on data that played no part in choosing it.
     setfit_pairs: "sampled" (SetFit's sampler) or "all" (every pair within a batch of sentences).
     setfit_steps: steps of SetFit's contrastive pairs on the encoder before the head (tasks/setfit.py, Tunstall
     et al. 2022); the head then reads mean pooling and starts from a probe, unless given. None follows
@@ -206,6 +208,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     lr = hp["lr"] if lr is None else lr
     batch_size = hp["batch_size"] if batch_size is None else batch_size
     max_length = hp["max_length"] if max_length is None else max_length
+    if test_file is not None and not Path(test_file).is_file():  # before any training, not after it
+        raise FileNotFoundError(f"finetune {task.name}: test file {test_file} does not exist")
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -396,6 +400,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                   if teacher is not None else {}),
                "wall_time_s": round(time.time() - started, 1),
                **{k: v for k, v in best.items() if k.startswith("eval_")}}
+    if test_file is not None and rank == 0:
+        scores = evaluate(task, output, test_file, max_length=max_length)
+        tested = {f"test_{k}": v for k, v in scores.items() if k not in ("task", "examples")}
+        summary.update({"test": str(test_file), "test_examples": scores["examples"], **tested})
+        print(f"finetune {task.name}: the kept model (step {best.get('step')}) on {test_file}: "
+              + ", ".join(f"{k}={v}" for k, v in tested.items()), file=sys.stderr, flush=True)
     atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))
     return summary
 
