@@ -208,8 +208,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     lr = hp["lr"] if lr is None else lr
     batch_size = hp["batch_size"] if batch_size is None else batch_size
     max_length = hp["max_length"] if max_length is None else max_length
-    if test_file is not None and not Path(test_file).is_file():  # before any training, not after it
-        raise FileNotFoundError(f"finetune {task.name}: test file {test_file} does not exist")
+    test_ex = None
+    if test_file is not None:  # read (and so checked) before any training, not after it
+        for part in str(test_file).split(","):
+            if not Path(part).is_file():
+                raise FileNotFoundError(f"finetune {task.name}: test file {part} does not exist")
+        test_ex = _read_many(task, test_file)
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -401,7 +405,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                "wall_time_s": round(time.time() - started, 1),
                **{k: v for k, v in best.items() if k.startswith("eval_")}}
     if test_file is not None and rank == 0:
-        scores = evaluate(task, output, test_file, max_length=max_length)
+        scores = evaluate(task, output, test_ex, max_length=max_length)
         tested = {f"test_{k}": v for k, v in scores.items() if k not in ("task", "examples")}
         summary.update({"test": str(test_file), "test_examples": scores["examples"], **tested})
         print(f"finetune {task.name}: the kept model (step {best.get('step')}) on {test_file}: "
@@ -481,17 +485,17 @@ def _trained_max_length(task: Task, model: str | Path, max_length: int | None) -
     return task.hyper.get("max_length", 128)
 
 
-def evaluate(task: str | Task, model: str | Path, data: str | Path, *, max_length: int | None = None,
+def evaluate(task: str | Task, model: str | Path, data: str | Path | list[dict], *, max_length: int | None = None,
              batch_size: int = 64, progress: bool = False, dtype: str = "fp32") -> dict:
-    """Metrics of a fine-tuned model on a labelled file in the task's format. dtype: "fp32", "bf16", or
-    "int8" (inference/quantize.py, calibrated on its bundled sentences)."""
+    """Metrics of a fine-tuned model on a labelled file in the task's format (or on examples already read
+    from one). dtype: "fp32", "bf16", or "int8" (inference/quantize.py, calibrated on its bundled sentences)."""
     task = get_task(task) if isinstance(task, str) else task
     net, tokenizer = _load_for_eval(task, model)
     if dtype != "fp32":
         from ..inference.quantize import calibration_batches, quantize
         net = quantize(net, dtype, inplace=True,
                        calibration=calibration_batches(tokenizer) if dtype == "int8" else None)
-    examples = _read_many(task, data)
+    examples = data if isinstance(data, list) else _read_many(task, data)
     scores, _ = evaluate_examples(task, net, tokenizer, examples, _trained_max_length(task, model, max_length),
                                   batch_size, progress)
     return {"task": task.name, "examples": len(examples), **({"dtype": dtype} if dtype != "fp32" else {}),

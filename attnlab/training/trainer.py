@@ -93,7 +93,8 @@ class TrainArgs:
 
     # what a resumed run must share with the run that wrote its checkpoint, else "resume" would quietly go on
     # with another run (grad_accum, max_minutes, parallel... may differ: FSDP resumes with another world size)
-    SAME_RUN = ("max_steps", "lr", "warmup_steps", "schedule", "weight_decay", "layer_decay", "ema", "seed", "eval_every", "best_metric")
+    SAME_RUN = ("max_steps", "lr", "warmup_steps", "schedule", "weight_decay", "layer_decay", "ema", "seed", "eval_every",
+                "best_metric")
 
     def validate(self) -> None:
         def positive(name):
@@ -185,10 +186,11 @@ class Trainer:
             min_lr_ratio=args.min_lr_ratio, fused=args.fused_adamw,
             layer_decay=args.layer_decay)
         self._compiled = None          # train.compile: the compiled loss, built at the first step
-        # train.ema: the averaged copy of every trained weight (a tied weight once), updated after each step
-        self._ema_params = list({id(p): p for p in self.model.parameters() if p.requires_grad}.values()) \
-            if args.ema else []
-        self._ema = [p.detach().clone() for p in self._ema_params]
+        # train.ema: the averaged copy of every trained weight (a tied weight once), updated after each step;
+        # _ema_params are detached views of the weights (same storage and version counter as the parameters)
+        trained = {id(p): p for p in self.model.parameters() if p.requires_grad}.values() if args.ema else ()
+        self._ema_params = [p.detach() for p in trained]
+        self._ema = [p.clone() for p in self._ema_params]
         self.step = 0
         self.batches_seen = 0
         self.skips = 0                 # steps skipped for a non-finite loss (nan_policy=skip)
@@ -364,7 +366,7 @@ class Trainer:
         if self._ema:
             t = self.step
             decay = min(self.args.ema, (1 + t) / (10 + t))
-            torch._foreach_lerp_(self._ema, [p.detach() for p in self._ema_params], 1.0 - decay)
+            torch._foreach_lerp_(self._ema, self._ema_params, 1.0 - decay)
 
     @contextlib.contextmanager
     def averaged(self):
@@ -373,7 +375,7 @@ class Trainer:
         if not self._ema:
             yield
             return
-        params = [p.detach() for p in self._ema_params]
+        params = self._ema_params
         trained = [p.clone() for p in params]
         torch._foreach_copy_(params, self._ema)
         try:
@@ -514,7 +516,7 @@ class Trainer:
                 break
         bar.close()
         if self._ema and (self.step >= args.max_steps or self.stopped_by):  # the run is over: end with the average
-            torch._foreach_copy_([p.detach() for p in self._ema_params], self._ema)
+            torch._foreach_copy_(self._ema_params, self._ema)
         if self.skips and self.is_main:
             print(f"skipped {self.skips} steps with a non-finite loss or gradient (train.nan_policy=skip)",
                   file=sys.stderr)
