@@ -184,11 +184,11 @@ def test_max_minutes_stops_the_encoder_finetune_evaluates_and_keeps_the_model(ti
     out = tmp_path / "budget"
     assert main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--epochs", "3",
                  "--max-train-samples", "200", "--max-eval-samples", "40", "--max-length", "32",
-                 "--max-minutes", "0.0001", "--no-progress"]) == 0
+                 "--max-minutes", "1e-9", "--no-progress"]) == 0
     summary = json.loads((out / "metrics.json").read_text())
-    assert summary["stopped_by_time"] is True and summary["max_minutes"] == 0.0001
+    assert summary["stopped_by_time"] is True and summary["max_minutes"] == 1e-9
     assert summary["steps"] == 1 and summary["best_step"] == 1 and "eval_accuracy" in summary
-    assert "stopped at step 1: train.max_minutes=0.0001 reached" in capsys.readouterr().err
+    assert "stopped at step 1: train.max_minutes=1e-09 reached" in capsys.readouterr().err
     assert (out / "model.safetensors").exists()
     with pytest.raises(SystemExit) as e:
         main(["finetune", "sst2", "--model", str(tiny), "--output", str(out), "--max-minutes", "0"])
