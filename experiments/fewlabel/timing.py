@@ -44,7 +44,9 @@ def finetune_and_score(task: str, model: str, train_file: Path, out: Path, n: in
                        extra: list[str], eval_data: Path, metric: str, score_name: str) -> int:
     """`attnlab finetune TASK --train FILE` with the harness's extra flags, measured; then `attnlab evaluate`
     on `eval_data`; one row (score, timing, the schedule finetune chose, its split lines) into results.jsonl."""
-    run_dir = out / f"run-{n}-draw{draw_seed}-{'_'.join(x.strip('-') for x in extra) or 'defaults'}"
+    # a path among the flags (--valid FILE) names the run by its file name: its slashes would nest directories
+    flags = "_".join(Path(x).name or x for x in (y.strip("-") for y in extra)) or "defaults"
+    run_dir = out / f"run-{n}-draw{draw_seed}-{flags}"
     cmd = ["finetune", task, "--model", model, "--train", str(train_file), "--output", str(run_dir),
            "--no-progress", *extra]
     done, timing = run_measured(cmd)
