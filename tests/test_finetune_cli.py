@@ -224,11 +224,14 @@ def test_test_file_scores_the_kept_model_on_data_that_chose_nothing(tiny, data_d
     assert "the kept model (step" in capsys.readouterr().err
     main(["evaluate", "sst2", "--model", str(out), "--data", str(test)])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["accuracy"] == summary["test_accuracy"]
-    missing = tmp_path / "nope.tsv"
-    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--test", str(missing),
-                 "--output", str(tmp_path / "o2")]) != 0
-    assert f"test file {missing} does not exist" in capsys.readouterr().err
-    assert not (tmp_path / "o2").exists()  # refused before anything was written
+    # a --test part that cannot be read: the one-line input check every command makes, before any work
+    for bad, why in [(tmp_path / "nope.tsv", "no such file"), (tmp_path, "is a directory, expected a file")]:
+        assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--test", f"{test},{bad}",
+                     "--output", str(tmp_path / "o2")]) != 0
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"attnlab finetune: error: --test {bad}: {why}"
+        assert not (tmp_path / "o2").exists()  # refused before anything was written
+    with pytest.raises(FileNotFoundError, match="test file .*nope.tsv does not exist"):  # the API checks too
+        attnlab.tasks.finetune("sst2", str(tiny), tmp_path / "o3", train_file=str(train), test_file=str(tmp_path / "nope.tsv"))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -241,7 +244,9 @@ def test_test_file_scores_the_kept_model_on_data_that_chose_nothing(tiny, data_d
     (["translation", "--layer-decay", "0.8"], "finetune translation does not read --layer-decay; remove it"),
     (["translation", "--test", "t.tsv"], "finetune translation does not read --test; remove it"),
 ])
-def test_an_option_the_run_would_not_read_is_refused_before_any_work(argv, message, tmp_path, capsys):
+def test_an_option_the_run_would_not_read_is_refused_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\n")  # an input that exists: the refusal is of the option
     # argparse takes every option for every task, so without this e.g. --warmup on SST-2 was silently ignored
     assert main(["finetune", *argv, "--output", str(tmp_path / "o")]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # (a CPU without bf16 warns first of --precision bf16)

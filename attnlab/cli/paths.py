@@ -28,7 +28,7 @@ INPUTS: dict[str, dict[str, str]] = {
     "generate": {"model": "model", "adapter": "dir"},
     "viz": {"model": "model"},
     "plot": {"run_dir": "run_dir"},
-    "finetune": {"model": "model_or_preset", "train": "files", "valid": "file", "train_src": "file",
+    "finetune": {"model": "model_or_preset", "train": "files", "valid": "file", "test": "files", "train_src": "file",
                  "train_tgt": "file", "valid_src": "file", "valid_tgt": "file"},
     "evaluate": {"model": "model", "data": "file", "source": "file", "reference": "file"},
     "predict": {"model": "model", "input": "file"},

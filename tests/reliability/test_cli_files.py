@@ -46,7 +46,7 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
         "viz": lambda v: ["viz", v["model"], "--text", "hi", "--output", o],
         "plot": lambda v: ["plot", v["run_dir"]],
         "finetune": lambda v: ["finetune", "translation", "--output", o, "--model", v["model"], "--train", v["train"],
-                               "--valid", v["valid"], *[x for n in ("train_src", "train_tgt", "valid_src", "valid_tgt")
+                               "--valid", v["valid"], "--test", v["test"], *[x for n in ("train_src", "train_tgt", "valid_src", "valid_tgt")
                                                         for x in ("--" + n.replace("_", "-"), v[n])]],
         "evaluate": lambda v: ["evaluate", "sst2", "--model", v["model"], "--data", v["data"], "--source",
                                v["source"], "--reference", v["reference"]],
