@@ -101,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(probe, LP-FT) or at random (default: the rule below)")
     p.add_argument("--setfit-steps", type=_steps, metavar="N",
                    help="steps of SetFit contrastive pairs before the head (default 0: off; see SetFit below)")
+    p.add_argument("--self-train", type=_steps, metavar="K",
+                   help="self-training on spans: a first fine-tune labels K random spans of each training sentence, "
+                        "and the kept model trains on the confident ones with the labeled examples (0: off; "
+                        "default: the rule below)")
     p.add_argument("--setfit-pairs", choices=("sampled", "all"), default="all",
                    help="every pair within a batch of 16 sentences (120 pairs a step; default) or SetFit's sampled "
                         "pairs (16 pairs of 32 sentences a step)")
@@ -190,6 +194,7 @@ _TRANSLATION_ONLY = {"src_lang": None, "tgt_lang": None, "directions": None, "tr
                      "valid_src": None, "valid_tgt": None, "max_tokens": 4096, "warmup": None, "lr_factor": 1.0,
                      "eval_beams": 1}
 _ENCODER_ONLY = {"test": None, "layer_decay": 1.0, "ema": 0.0, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
+                 "self_train": None,
                  "compile": False, "precision": "fp32", "train_embeddings": False, "from_scratch": False, "lora": None}
 _NOT_READ = {
     "encoder": {**_TRANSLATION_ONLY, "set": [], "vocab_size": 8000},
@@ -236,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
                        setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile,
                        precision=args.precision, max_minutes=args.max_minutes, layer_decay=args.layer_decay,
-                       ema=args.ema, test_file=args.test)
+                       ema=args.ema, test_file=args.test, self_train=args.self_train)
     print(json.dumps(summary))
     return 0
 

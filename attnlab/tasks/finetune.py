@@ -23,7 +23,8 @@ import torch
 from ..config import CLASSIFIER_POOLINGS
 from .base import Task, data_root, get_task, labels_of
 from .common import DataError, EpochBatches, collate, length_batches
-from .defaults import COMPILE_PAD, DEFAULT_HOLDOUT, default_schedule, default_setfit_steps, holdout_size
+from .defaults import (COMPILE_PAD, DEFAULT_HOLDOUT, default_schedule, default_self_train, default_setfit_steps,
+                       holdout_size)
 
 
 def _seed_all(seed: int) -> None:
@@ -142,7 +143,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None,
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False,
              precision: str = "fp32", max_minutes: float | None = None, layer_decay: float = 1.0,
-             ema: float = 0.0, test_file: str | Path | None = None) -> dict:
+             ema: float = 0.0, test_file: str | Path | None = None, self_train: int | None = None,
+             splits: tuple | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
@@ -163,6 +165,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     embeddings the lowest (train.layer_decay; training/optim.py).
     ema: > 0 evaluates (and so keeps) an exponential moving average of the weights of that decay
     (train.ema of the Trainer) instead of the weights as trained.
+    self_train: spans drawn from each training sentence for self-training (tasks/selftrain.py): a first fine-tune
+    (the teacher, kept in `output`/teacher) labels them, the confident ones join the training examples, and the
+    model kept in `output` is a fresh copy trained on both, validated on the same examples. None follows
+    `default_self_train`, 0 is off.
+    splits: (train path, train examples, validation examples, their description, note) already read and split
+    (the self-training teacher's run reuses its caller's); the files are then not read.
     test_file: a labelled file the kept model is scored on after training (summary "test_*"): the checkpoint is
     chosen on the validation data and reported on data that played no part in choosing it.
     setfit_pairs: "sampled" (SetFit's sampler) or "all" (every pair within a batch of sentences).
@@ -202,6 +210,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                          "classification task without distillation")
     if setfit_steps is not None and setfit_steps < 0:
         raise ValueError(f"finetune: setfit_steps={setfit_steps} must be 0 (off) or more")
+    if self_train is not None and self_train < 0:
+        raise ValueError(f"finetune: self_train={self_train} must be 0 (off) or more spans per sentence")
+    given = dict(epochs=epochs, lr=lr, batch_size=batch_size)  # as the caller gave them (a teacher run gets these)
     hp = {**dict(epochs=3, lr=5e-5, batch_size=32, max_length=128), **task.hyper}
     epochs_given, batch_given, lr_given = epochs is not None, batch_size is not None, lr is not None
     epochs = hp["epochs"] if epochs is None else epochs
@@ -228,11 +239,13 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     from ..interop.local import sentence_pooling
     st_pooling = sentence_pooling(model)  # SetFit's ground, and the pooling the checkpoint was trained for
     eligible = (setfit_ok and st_pooling is not None and setfit_steps is None and not epochs_given
-                and valid_file is None and holdout is None and not resume)
+                and valid_file is None and holdout is None and not resume and not self_train)
     rule = [0, ""]  # (SetFit steps, why), decided on the file's size before anything is held out
+    n_rule = [0]  # the example count both few-label rules decide on (the file's, or the subset's)
 
     def rule_holdout(n_file: int) -> int | None:
-        rule[:] = default_setfit_steps(min(n_file, max_train_samples or n_file), eligible)
+        n_rule[0] = min(n_file, max_train_samples or n_file)
+        rule[:] = default_setfit_steps(n_rule[0], eligible)
         if not rule[0]:
             return holdout
         # Nothing held out only when holding out would cost labeled examples: a subset of a larger file
@@ -241,7 +254,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         spare = n_file - holdout_size(n_file, DEFAULT_HOLDOUT)
         return None if max_train_samples and spare >= max_train_samples else 0
 
-    train_path, train_ex, valid_ex, valid_desc, valid_note = read_splits(
+    train_path, train_ex, valid_ex, valid_desc, valid_note = splits or read_splits(
         task, train_file, valid_file, rule_holdout, max_train_samples, max_eval_samples, seed)
     rule_steps, setfit_why = rule
     setfit_rule = rule_steps > 0
@@ -251,6 +264,28 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         if not valid_ex:
             valid_note = ("SetFit's head-only recipe selects no checkpoint, so every labeled example trains; "
                           "give --valid to score the model")
+    from ..training.trainer import distributed_context
+    self_ok = setfit_ok and distributed_context()[1] == 1
+    if self_train is None:
+        self_train, self_why = default_self_train(
+            n_rule[0], eligible and self_ok and not setfit_rule and getattr(task, "phrase_level", False) and not save_every)
+        self_why += " (the default rule)"
+    else:
+        self_why = "--self-train"
+        if self_train and not (self_ok and setfit_steps is None and not save_every and not resume):
+            raise ValueError(f"finetune {task.name}: self-training (self_train) needs pretrained weights, a single-"
+                             "sentence classification task, one process, and no LoRA, distillation, SetFit stage "
+                             "or training checkpoints (--save-every/--resume: it is two runs)")
+    n_labeled, self_info = len(train_ex), {}
+    if self_train:
+        teacher_args = dict(given, max_length=max_length, seed=seed, warmup_ratio=warmup_ratio,
+                            weight_decay=weight_decay, eval_every=eval_every, patience=patience,
+                            freeze_embeddings=freeze_embeddings, progress=progress, log_every=log_every,
+                            pooling=pooling, head_init=head_init, compile=compile, precision=precision,
+                            max_minutes=max_minutes, layer_decay=layer_decay, ema=ema)
+        spans = _self_training_spans(task, model, output, self_train, self_why, teacher_args,
+                                     (train_path, train_ex, valid_ex, valid_desc, valid_note))
+        train_ex, self_info = train_ex + spans[0], spans[1]
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr,
                                               epochs_given=epochs_given or setfit_rule, batch_given=batch_given,
                                               lr_given=lr_given)
@@ -269,7 +304,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     elif pooling is None and st_pooling and head_class(task).__name__ == "SequenceClassification":
         pooling = st_pooling  # read the sentence vector the checkpoint was trained to give (1_Pooling)
     # stderr, so that stdout stays the JSON summary
-    print(f"finetune {task.name}: train {len(train_ex)} examples, validate {len(valid_ex)} ({valid_note})",
+    spanned = f" ({n_labeled} labeled + {len(train_ex) - n_labeled} spans the teacher labeled)" if self_train else ""
+    print(f"finetune {task.name}: train {len(train_ex)} examples{spanned}, validate {len(valid_ex)} ({valid_note})",
           file=sys.stderr, flush=True)
     labels = task.label_list(train_ex)
     tokenizer = load_tokenizer(model)
@@ -331,7 +367,6 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
               f"({fit:.1f}% on the training examples, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     lengths, pad_id = [len(f["input_ids"]) for f in feats], tokenizer.pad_token_id
-    from ..training.trainer import distributed_context
     rank, world, _ = distributed_context()
     # under torchrun every process takes its share of each batch (the global batch is batch_size); a batch
     # that does not divide evenly weighs each process's mean equally, a batch smaller than the number of
@@ -395,6 +430,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                   **({"setfit_pairs": setfit_pairs} if setfit_steps else {})}
                   if pooled else {}),
                **({"from_scratch": True} if from_scratch else {}),
+               **({"labeled_examples": n_labeled, "self_training": self_info} if self_train else {}),
                **({"lora": lora, "trainable_parameters": sum(p.numel() for p in net.parameters() if p.requires_grad)}
                   if lora else {}),
                **({"student_layers": student_layers, "teacher_layers": teacher.config.num_layers,
@@ -412,6 +448,38 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
               + ", ".join(f"{k}={v}" for k, v in tested.items()), file=sys.stderr, flush=True)
     atomic_write(output / "metrics.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2) + "\n"))
     return summary
+
+
+def _self_training_spans(task: Task, model, output: Path, per_sentence: int, why: str, teacher_args: dict,
+                         split: tuple) -> tuple[list[dict], dict]:
+    """The self-training stage (tasks/selftrain.py): a plain fine-tune of the same split into `output`/teacher,
+    then the spans of the training sentences it labels confidently, as training examples, and what the summary
+    says of them."""
+    from .selftrain import CONFIDENCE, confident_labels, random_spans
+    train_ex = split[1]
+    teacher_dir = Path(output) / "teacher"
+    print(f"finetune {task.name}: self-training on spans of the training sentences, because {why}: first the "
+          f"teacher, a plain fine-tune of the {len(train_ex)} labeled examples, into {teacher_dir}",
+          file=sys.stderr, flush=True)
+    teacher = finetune(task, model, teacher_dir, splits=split, self_train=0, **teacher_args)
+    t0 = time.time()
+    net, tokenizer = _load_for_eval(task, teacher_dir)
+    labels, label2id = labels_of(net)
+    spans = random_spans([e["texts"][0] for e in train_ex], per_sentence, teacher_args["seed"])
+    feats = task.features([{"texts": [s]} for s in spans], tokenizer, teacher_args["max_length"], label2id,
+                          training=False)
+    kept = confident_labels(net, feats, tokenizer.pad_token_id, labels, CONFIDENCE)
+    examples = [{"texts": [spans[i]], "label": label, "source": "self-training spans", "line": i + 1}
+                for i, label, _ in kept]
+    share = {label: sum(e["label"] == label for e in examples) for label in labels}
+    print(f"finetune {task.name}: the teacher (step {teacher.get('best_step')}, {task.main_metric} "
+          f"{teacher.get('eval_' + task.main_metric)}) labeled {len(kept)} of {len(spans)} spans with probability "
+          f">= {CONFIDENCE:g} ({', '.join(f'{k}: {v}' for k, v in share.items())}; {time.time() - t0:.0f} s); "
+          "the kept model is a fresh copy trained on them and the labeled examples", file=sys.stderr, flush=True)
+    return examples, {"spans_per_sentence": per_sentence, "spans": len(spans), "span_examples": len(examples),
+                      "confidence": CONFIDENCE, "why": why, "teacher": str(teacher_dir),
+                      "teacher_best_step": teacher.get("best_step"),
+                      **{f"teacher_{k}": v for k, v in teacher.items() if k.startswith("eval_")}}
 
 
 def head_class(task: Task):
