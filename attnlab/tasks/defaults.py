@@ -71,23 +71,3 @@ def default_setfit_steps(n_train: int, applies: bool, below: int = SETFIT_BELOW)
     if n_train < below:
         return SETFIT_STEPS, f"{n_train} training examples < {below}"
     return 0, f"{n_train} training examples >= {below}"
-
-
-# From SETFIT_BELOW to SELF_TRAIN_BELOW examples of a task that labels phrases like sentences (SST-2), on a
-# sentence-transformers checkpoint with nothing chosen by hand, the fine-tune is self-trained on spans of the
-# training sentences (tasks/selftrain.py): a first fine-tune labels SELF_TRAIN_SPANS random spans of each, the
-# confident ones join the gold sentences, and a fresh copy of the model trains on both. SST-2, 1,000 sentences,
-# 3 draws x 3 seeds: experiments/fewlabel/RESULTS.md, Session 14 (the plain fine-tune: 83.89 over the same nine).
-SELF_TRAIN_BELOW = 2000
-SELF_TRAIN_SPANS = 5
-
-
-def default_self_train(n_train: int, applies: bool, below: int = SELF_TRAIN_BELOW) -> tuple[int, str]:
-    """(spans per training sentence, why) for `n_train` training examples: SELF_TRAIN_SPANS from SETFIT_BELOW
-    up to `below` examples; `applies`: a phrase-labeled single-sentence task on a sentence-transformers checkpoint
-    with nothing chosen by hand (the case measured)."""
-    if not applies:
-        return 0, "it applies to phrase-labeled sentence classification (SST-2) on a sentence-transformers checkpoint"
-    if SETFIT_BELOW <= n_train < below:
-        return SELF_TRAIN_SPANS, f"{SETFIT_BELOW} <= {n_train} training examples < {below}"
-    return 0, f"{n_train} training examples are outside {SETFIT_BELOW}-{below - 1}"

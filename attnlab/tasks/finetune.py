@@ -23,8 +23,7 @@ import torch
 from ..config import CLASSIFIER_POOLINGS
 from .base import Task, data_root, get_task, labels_of
 from .common import DataError, EpochBatches, collate, length_batches
-from .defaults import (COMPILE_PAD, DEFAULT_HOLDOUT, default_schedule, default_self_train, default_setfit_steps,
-                       holdout_size)
+from .defaults import COMPILE_PAD, DEFAULT_HOLDOUT, default_schedule, default_setfit_steps, holdout_size
 
 
 def _seed_all(seed: int) -> None:
@@ -167,8 +166,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     (train.ema of the Trainer) instead of the weights as trained.
     self_train: spans drawn from each training sentence for self-training (tasks/selftrain.py): a first fine-tune
     (the teacher, kept in `output`/teacher) labels them, the confident ones join the training examples, and the
-    model kept in `output` is a fresh copy trained on both, validated on the same examples. None follows
-    `default_self_train`, 0 is off.
+    model kept in `output` is a fresh copy trained on both, validated on the same examples. None or 0: off (no
+    default turns it on: at 1,000 SST-2 sentences it measured no gain, experiments/fewlabel/RESULTS.md Session 14).
     splits: (train path, train examples, validation examples, their description, note) already read and split
     (the self-training teacher's run reuses its caller's); the files are then not read.
     test_file: a labelled file the kept model is scored on after training (summary "test_*"): the checkpoint is
@@ -241,11 +240,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     eligible = (setfit_ok and st_pooling is not None and setfit_steps is None and not epochs_given
                 and valid_file is None and holdout is None and not resume and not self_train)
     rule = [0, ""]  # (SetFit steps, why), decided on the file's size before anything is held out
-    n_rule = [0]  # the example count both few-label rules decide on (the file's, or the subset's)
 
     def rule_holdout(n_file: int) -> int | None:
-        n_rule[0] = min(n_file, max_train_samples or n_file)
-        rule[:] = default_setfit_steps(n_rule[0], eligible)
+        rule[:] = default_setfit_steps(min(n_file, max_train_samples or n_file), eligible)
         if not rule[0]:
             return holdout
         # Nothing held out only when holding out would cost labeled examples: a subset of a larger file
@@ -265,17 +262,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
             valid_note = ("SetFit's head-only recipe selects no checkpoint, so every labeled example trains; "
                           "give --valid to score the model")
     from ..training.trainer import distributed_context
-    self_ok = setfit_ok and distributed_context()[1] == 1
-    if self_train is None:
-        self_train, self_why = default_self_train(
-            n_rule[0], eligible and self_ok and not setfit_rule and getattr(task, "phrase_level", False) and not save_every)
-        self_why += " (the default rule)"
-    else:
-        self_why = "--self-train"
-        if self_train and not (self_ok and setfit_steps is None and not save_every and not resume):
-            raise ValueError(f"finetune {task.name}: self-training (self_train) needs pretrained weights, a single-"
-                             "sentence classification task, one process, and no LoRA, distillation, SetFit stage "
-                             "or training checkpoints (--save-every/--resume: it is two runs)")
+    self_train = self_train or 0
+    if self_train and not (setfit_ok and distributed_context()[1] == 1 and setfit_steps is None and not save_every
+                           and not resume):
+        raise ValueError(f"finetune {task.name}: self-training (self_train) needs pretrained weights, a single-"
+                         "sentence classification task, one process, and no LoRA, distillation, SetFit stage "
+                         "or training checkpoints (--save-every/--resume: it is two runs)")
     n_labeled, self_info = len(train_ex), {}
     if self_train:
         teacher_args = dict(given, max_length=max_length, seed=seed, warmup_ratio=warmup_ratio,
@@ -283,7 +275,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                             freeze_embeddings=freeze_embeddings, progress=progress, log_every=log_every,
                             pooling=pooling, head_init=head_init, compile=compile, precision=precision,
                             max_minutes=max_minutes, layer_decay=layer_decay, ema=ema)
-        spans = _self_training_spans(task, model, output, self_train, self_why, teacher_args,
+        spans = _self_training_spans(task, model, output, self_train, f"--self-train {self_train}", teacher_args,
                                      (train_path, train_ex, valid_ex, valid_desc, valid_note))
         train_ex, self_info = train_ex + spans[0], spans[1]
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr,
