@@ -128,13 +128,19 @@ def pretrain_char_gpt() -> None:
          "--temperature", "0.8", "--seed", "0"])
 
 
+def finetune_demo_sentiment(name: str, *flags: str, lr: str = "1e-4") -> None:
+    """`attnlab finetune sst2` on the demo's 40 + 10 sentences into OUT/name, with `flags` on top of the shared schedule."""
+    data = HERE / "data"
+    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / name), *flags, "--train",
+         str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
+         "--lr", lr, "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+
+
 def finetune_sentiment() -> None:
     section("6. fine-tuning: a classifier on all-MiniLM-L6-v2 (mean pooling, as its 1_Pooling says), then evaluate "
             "and predict")
     data = HERE / "data"  # 40 + 10 sentences written for this demo (the real GLUE runs read ATTNLAB_DATA)
-    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment"), "--train",
-         str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
-         "--lr", "1e-4", "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+    finetune_demo_sentiment("sentiment")
     print("\nattnlab evaluate sst2 on the 10 held-out sentences:")
     cli(["evaluate", "sst2", "--model", str(OUT / "sentiment"), "--data", str(data / "sentiment-valid.tsv")])
     cli(["predict", "sst2", "--model", str(OUT / "sentiment"), "--input", str(data / "sentiment-inputs.txt"),
@@ -148,20 +154,14 @@ def finetune_sentiment() -> None:
 
 def finetune_lora() -> None:
     section("6a. LoRA: the same classifier training only rank-8 adapters on the query/value projections + the head")
-    data = HERE / "data"
-    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment-lora"), "--lora", "r=8,alpha=16",
-         "--train", str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
-         "--lr", "1e-3", "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+    finetune_demo_sentiment("sentiment-lora", "--lora", "r=8,alpha=16", lr="1e-3")
     print(f"(the adapter alone, in peft's layout: {OUT / 'sentiment-lora' / 'adapter'}; the merged model beside it)")
 
 
 def finetune_averaged() -> None:
     section("6a'. the same classifier with layer-wise learning-rate decay (each layer down learns at 0.8x the one "
             "above) and an exponential moving average of the weights, the model kept and scored")
-    data = HERE / "data"
-    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment-averaged"), "--layer-decay", "0.8",
-         "--ema", "0.9", "--train", str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"),
-         "--epochs", "8", "--lr", "1e-4", "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+    finetune_demo_sentiment("sentiment-averaged", "--layer-decay", "0.8", "--ema", "0.9")
     print("(on the full SST-2 file, 3 epochs, --ema 0.999 kept 91.28% of the 872 held-out sentences against 90.71% "
           "without it (the same command otherwise; the best of 9 evaluations): README, fine-tuning)")
 
@@ -169,10 +169,7 @@ def finetune_averaged() -> None:
 def finetune_self_trained() -> None:
     section("6a''. self-training on spans: a first fine-tune labels random spans of the 40 training sentences, and a "
             "fresh MiniLM trains on the confident ones with the labeled sentences")
-    data = HERE / "data"
-    cli(["finetune", "sst2", "--model", MINILM, "--output", str(OUT / "sentiment-self-trained"), "--self-train", "5",
-         "--train", str(data / "sentiment-train.tsv"), "--valid", str(data / "sentiment-valid.tsv"), "--epochs", "8",
-         "--lr", "1e-4", "--batch-size", "8", "--eval-every", "40", "--no-progress"])
+    finetune_demo_sentiment("sentiment-self-trained", "--self-train", "5")
     print(f"(the teacher is kept in {OUT / 'sentiment-self-trained' / 'teacher'}. At 1,000 SST-2 sentences it "
           "measured no gain over the plain fine-tune, so it is an option, not a default: README, fine-tuning)")
 
