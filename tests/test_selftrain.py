@@ -82,7 +82,8 @@ def test_self_training_trains_a_teacher_then_a_fresh_model_on_its_confident_span
     train.write_text("\n".join(lines[:601]) + "\n")
     out = tmp_path / "out"
     assert main(["finetune", "sst2", "--model", str(st_tiny), "--train", str(train), "--output", str(out),
-                 "--max-length", "32", "--no-progress", "--self-train", "3"]) == 0
+                 "--max-length", "32", "--no-progress", "--self-train", "3", "--lr", "3e-4", "--ema", "0.9",
+                 "--seed", "7"]) == 0
     printed = capsys.readouterr()
     summary = json.loads(printed.out.strip().splitlines()[-1])
     info = summary["self_training"]
@@ -93,6 +94,8 @@ def test_self_training_trains_a_teacher_then_a_fresh_model_on_its_confident_span
     teacher = json.loads((out / "teacher" / "metrics.json").read_text())
     assert teacher["train_examples"] == 535 and teacher["valid_examples"] == 60 and "self_training" not in teacher
     assert info["teacher_eval_accuracy"] == teacher["eval_accuracy"]
+    for option, value in (("lr", 3e-4), ("ema", 0.9), ("seed", 7), ("max_length", 32)):  # the teacher ran as told
+        assert teacher[option] == summary[option] == value, option
     assert "self-training on spans of the training sentences, because" in printed.err
     assert f"train {summary['train_examples']} examples (535 labeled + {info['span_examples']} spans" in printed.err
     assert attnlab.load(out).config.classifier_pooling == "mean"  # the kept model is the student, in --output

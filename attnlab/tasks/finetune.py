@@ -189,6 +189,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     parallel: "ddp" or "fsdp" under torchrun (each process takes its share of every batch).
     lora: LoRA instead of full fine-tuning (Hu et al. 2021), e.g. dict(r=8, alpha=16): only the adapters and
     the task head train; the best adapter goes to output/adapter (PEFT layout), the merged model to output."""
+    options = dict(locals())  # every argument as the caller gave it: the self-training teacher runs with the same
     from ..interop import load_tokenizer
     from ..interop.files import atomic_write
     from ..training import TrainArgs, Trainer
@@ -211,7 +212,6 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         raise ValueError(f"finetune: setfit_steps={setfit_steps} must be 0 (off) or more")
     if self_train is not None and self_train < 0:
         raise ValueError(f"finetune: self_train={self_train} must be 0 (off) or more spans per sentence")
-    given = dict(epochs=epochs, lr=lr, batch_size=batch_size)  # as the caller gave them (a teacher run gets these)
     hp = {**dict(epochs=3, lr=5e-5, batch_size=32, max_length=128), **task.hyper}
     epochs_given, batch_given, lr_given = epochs is not None, batch_size is not None, lr is not None
     epochs = hp["epochs"] if epochs is None else epochs
@@ -270,13 +270,10 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                          "or training checkpoints (--save-every/--resume: it is two runs)")
     n_labeled, self_info = len(train_ex), {}
     if self_train:
-        teacher_args = dict(given, max_length=max_length, seed=seed, warmup_ratio=warmup_ratio,
-                            weight_decay=weight_decay, eval_every=eval_every, patience=patience,
-                            freeze_embeddings=freeze_embeddings, progress=progress, log_every=log_every,
-                            pooling=pooling, head_init=head_init, compile=compile, precision=precision,
-                            max_minutes=max_minutes, layer_decay=layer_decay, ema=ema)
-        spans = _self_training_spans(task, model, output, self_train, f"--self-train {self_train}", teacher_args,
-                                     (train_path, train_ex, valid_ex, valid_desc, valid_note))
+        # the teacher: this very run without self-training, on the same split, scored on no test file
+        teacher_args = {**options, "task": task, "output": output / "teacher", "self_train": 0, "test_file": None,
+                        "splits": (train_path, train_ex, valid_ex, valid_desc, valid_note)}
+        spans = _self_training_spans(task, self_train, f"--self-train {self_train}", teacher_args, max_length, seed)
         train_ex, self_info = train_ex + spans[0], spans[1]
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr,
                                               epochs_given=epochs_given or setfit_rule, batch_given=batch_given,
@@ -442,24 +439,23 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     return summary
 
 
-def _self_training_spans(task: Task, model, output: Path, per_sentence: int, why: str, teacher_args: dict,
-                         split: tuple) -> tuple[list[dict], dict]:
-    """The self-training stage (tasks/selftrain.py): a plain fine-tune of the same split into `output`/teacher,
-    then the spans of the training sentences it labels confidently, as training examples, and what the summary
-    says of them."""
+def _self_training_spans(task: Task, per_sentence: int, why: str, teacher_args: dict, max_length: int,
+                         seed: int) -> tuple[list[dict], dict]:
+    """The self-training stage (tasks/selftrain.py): `finetune(**teacher_args)`, a plain fine-tune of the same
+    split into `output`/teacher, then the spans of the training sentences it labels confidently, as training
+    examples, and what the summary says of them."""
     from .selftrain import CONFIDENCE, confident_labels, random_spans
-    train_ex = split[1]
-    teacher_dir = Path(output) / "teacher"
+    train_ex = teacher_args["splits"][1]
+    teacher_dir = Path(teacher_args["output"])
     print(f"finetune {task.name}: self-training on spans of the training sentences, because {why}: first the "
           f"teacher, a plain fine-tune of the {len(train_ex)} labeled examples, into {teacher_dir}",
           file=sys.stderr, flush=True)
-    teacher = finetune(task, model, teacher_dir, splits=split, self_train=0, **teacher_args)
+    teacher = finetune(**teacher_args)
     t0 = time.time()
     net, tokenizer = _load_for_eval(task, teacher_dir)
     labels, label2id = labels_of(net)
-    spans = random_spans([e["texts"][0] for e in train_ex], per_sentence, teacher_args["seed"])
-    feats = task.features([{"texts": [s]} for s in spans], tokenizer, teacher_args["max_length"], label2id,
-                          training=False)
+    spans = random_spans([e["texts"][0] for e in train_ex], per_sentence, seed)
+    feats = task.features([{"texts": [s]} for s in spans], tokenizer, max_length, label2id, training=False)
     kept = confident_labels(net, feats, tokenizer.pad_token_id, labels, CONFIDENCE)
     examples = [{"texts": [spans[i]], "label": label, "source": "self-training spans", "line": i + 1}
                 for i, label, _ in kept]
