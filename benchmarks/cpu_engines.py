@@ -175,7 +175,7 @@ def sst2_int8(run_dir: str) -> list[list]:
     from _common import data_root
 
     from attnlab.tasks.finetune import evaluate
-    from attnlab.tasks.finetune import read_splits
+    from attnlab.tasks.splits import read_splits
     from attnlab.tasks import get_task
     task = get_task("sst2")
     _, _, held, _, _ = read_splits(task, data_root() / "glue" / "SST-2" / "train.tsv", holdout=872)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attnlab  # noqa: E402
 from attnlab.tasks import get_task  # noqa: E402
-from attnlab.tasks.finetune import _read_many, resolve_files, validation_split  # noqa: E402
+from attnlab.tasks.splits import read_many, resolve_files, validation_split  # noqa: E402
 
 from _common import table  # noqa: E402
 
@@ -42,7 +42,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     task = get_task(args.task)
     train_path, valid_path = resolve_files(task)
-    valid = _read_many(task, valid_path) if valid_path else validation_split(task, _read_many(task, train_path), 872)[1]
+    valid = read_many(task, valid_path) if valid_path else validation_split(task, read_many(task, train_path), 872)[1]
     tok = attnlab.load_tokenizer(args.teacher)
     models = {"teacher": attnlab.load(args.teacher), **{s: attnlab.load(s) for s in args.students}}
     cpu = {name: float("inf") for name in models}

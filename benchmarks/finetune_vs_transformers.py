@@ -29,7 +29,7 @@ HP = dict(lr=5e-5, batch_size=32, max_length=64, epochs=1, weight_decay=0.01, wa
 
 def split(subset: int) -> tuple[list[dict], list[dict]]:
     from attnlab.tasks import get_task
-    from attnlab.tasks.finetune import holdout_split, validation_split
+    from attnlab.tasks.splits import holdout_split, validation_split
     task = get_task("sst2")
     examples = task.read(data_root() / "glue/SST-2/train.tsv")
     train, held, _ = validation_split(task, examples, 872)  # the same held-out set `attnlab finetune` uses

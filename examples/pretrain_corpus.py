@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from attnlab.tasks import get_task
-from attnlab.tasks.finetune import validation_split
+from attnlab.tasks.splits import validation_split
 
 
 def sst2_sentences(root: Path, holdout: int = 872) -> list[str]:

@@ -85,7 +85,7 @@ def test_sst2_holdout_is_the_same_for_every_point_and_never_trained_on(data_dir,
     """On SST-2 without --valid, finetune holds out whole sentences (seed independent of the run's seed) and
     draws each subset from what remains: check that on the real file, for the sizes and seeds of a curve."""
     from attnlab.tasks import get_task
-    from attnlab.tasks.finetune import holdout_split, validation_split
+    from attnlab.tasks.splits import holdout_split, validation_split
     task = get_task("sst2")
     examples = task.read(data_dir / "glue/SST-2/train.tsv")
     train, held, _ = validation_split(task, examples, 872)

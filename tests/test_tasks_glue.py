@@ -9,7 +9,7 @@ import pytest
 from attnlab.tasks import DataError, get_task
 from attnlab.tasks.common import (accuracy, collate, f1_binary, length_batches, matthews_corrcoef, pearson,
                                   spearman)
-from attnlab.tasks.finetune import holdout_split
+from attnlab.tasks.splits import holdout_split
 
 COUNTS = {("sst2", "SST-2/train.tsv"): 67349, ("cola", "CoLA/train.tsv"): 8551, ("cola", "CoLA/dev.tsv"): 1043,
           ("mrpc", "MRPC/train.tsv"): 3668, ("mrpc", "MRPC/dev.tsv"): 408, ("rte", "RTE/train.tsv"): 2490,
@@ -127,7 +127,7 @@ def test_sst2_holds_out_whole_sentences_none_of_whose_phrases_are_trained_on(dat
     """SST-2's train.tsv holds every phrase of its sentences: a random hold-out would score phrases the model
     was trained on inside longer lines. The held-out part is whole sentences and no training line is a
     phrase of one (nor is any held-out sentence inside a training line)."""
-    from attnlab.tasks.finetune import validation_split
+    from attnlab.tasks.splits import validation_split
     task = get_task("sst2")
     examples = task.read(data_dir / "glue/SST-2/train.tsv")
     train, held, desc = validation_split(task, examples, 872)

@@ -32,7 +32,7 @@ import torch
 
 from .base import get_task
 from .common import DataError, length_batches
-from .finetune import read_splits
+from .splits import read_splits
 from .translation import encode, pad, train_joint_bpe
 
 # task -> (prefix, field names, label -> word); None: a regression target written as a number (STS-B).

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from attnlab.tasks import get_task
 from attnlab.tasks.base import data_root
-from attnlab.tasks.finetune import _phrases, sentence_holdout
+from attnlab.tasks.splits import phrases, sentence_holdout
 from timing import finetune_and_score
 
 
@@ -37,7 +37,7 @@ def sentences_of(examples: list[dict]) -> list[dict]:
     for i in sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i)):
         if texts[i] not in inside:
             roots.append(i)
-            inside.update(p for p in _phrases(texts[i]) if p in known and p != texts[i])
+            inside.update(p for p in phrases(texts[i]) if p in known and p != texts[i])
     return [examples[i] for i in sorted(roots)]
 
 

@@ -12,7 +12,7 @@ from sst2_fewlabel import _write, sentences_of  # noqa: E402
 
 from attnlab.tasks import get_task  # noqa: E402
 from attnlab.tasks.base import data_root  # noqa: E402
-from attnlab.tasks.finetune import sentence_holdout  # noqa: E402
+from attnlab.tasks.splits import sentence_holdout  # noqa: E402
 
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)

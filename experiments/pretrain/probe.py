@@ -26,7 +26,7 @@ from sklearn.preprocessing import StandardScaler
 import attnlab
 from attnlab.tasks import get_task
 from attnlab.tasks.base import data_root
-from attnlab.tasks.finetune import sentence_holdout
+from attnlab.tasks.splits import sentence_holdout
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fewlabel"))
 from sst2_fewlabel import sentences_of  # noqa: E402  the whole-sentence filter the few-label runs use
