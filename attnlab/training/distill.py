@@ -15,7 +15,8 @@ from ..models.base import Model
 from ..objectives import ObjectiveConfig, build_objective
 from ..objectives.distill import DistillConfig, distill_loss, init_student_from_teacher, student_config
 from ..tokenizers import load_tokenizer
-from .trainer import Trainer, TrainArgs
+from .args import TrainArgs
+from .trainer import Trainer
 
 
 def distill_sums(student: Model, teacher: Model, batch: dict, cfg: DistillConfig) -> tuple[torch.Tensor, dict]:

@@ -21,7 +21,8 @@ from ..interop.api import load, load_tokenizer
 from ..interop.peft import lora_for_training
 from ..objectives.dpo import answer_example, dpo_batch_loss, dpo_metrics, preference_batch
 from .sft import pad_id_of, read_jsonl, save_tuned
-from .trainer import Trainer, TrainArgs
+from .args import TrainArgs
+from .trainer import Trainer
 
 
 def read_preferences(path: str | Path) -> list[dict]:

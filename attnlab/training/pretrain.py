@@ -44,7 +44,8 @@ import yaml
 
 from ..config import PRESETS, ConfigError, ModelConfig, preset, type_mismatch
 from ..objectives import ObjectiveConfig, build_objective
-from .trainer import Trainer, TrainArgs, distributed_context
+from .args import TrainArgs
+from .trainer import Trainer, distributed_context
 
 
 @dataclass

@@ -24,7 +24,8 @@ from ..interop.files import atomic_write
 from ..interop.native import save_model
 from ..interop.peft import lora_for_training, save_adapter
 from ..objectives.sft import chat_example, collate_packed, pack, sft_loss
-from .trainer import Trainer, TrainArgs
+from .args import TrainArgs
+from .trainer import Trainer
 
 
 def read_jsonl(path: str | Path, what: str) -> list[tuple[int, object]]:
