@@ -12,6 +12,9 @@ FL is a `sst2_fewlabel.py --out` directory (it writes the draws and the 872 clea
   cos    a cosine classifier (Chen et al. 2019): scale * cos(sentence vector, class weight) + bias
   scl    supervised contrastive term (Gunel et al. 2021): (1 - scl) * CE + scl * SupCon on the normalised
          sentence vectors of the batch at temperature tau (default 0.3)
+  kd     self-distillation (born-again networks, Furlanello et al. 2018): a fresh copy learns from the labels and
+         a fine-tuned model's soft targets, (1 - kd) * CE + kd * T^2 * KL(teacher || student) at temperature T
+         (default 2); "teacher": the fine-tuned model's directory
 --kw: keyword arguments of attnlab.tasks.finetune.finetune (batch_size, freeze_embeddings, epochs, ...).
 Prints one JSON line, also appended to OUT/results.jsonl: accuracy of the kept model on --held, and the last
 evaluation of the run (the final weights, when --kw gives valid_file=HELD)."""
@@ -100,6 +103,17 @@ def install(lev: dict) -> None:
             v = model.sentence_vector(out, mask)
             ce = F.cross_entropy(model.classifier(model.dropout(v)).float(), batch["labels"])
             return (1 - lev["scl"]) * ce + lev["scl"] * supcon(v, batch["labels"], lev.get("tau", 0.3))
+    elif lev.get("kd"):
+        teacher = ft._load_for_eval(ft.get_task("sst2"), lev["teacher"])[0].eval().requires_grad_(False)
+        temp = float(lev.get("T", 2.0))
+
+        def loss(model, batch):
+            out = model(**batch)
+            with torch.no_grad():
+                t = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+            kl = F.kl_div((out.logits.float() / temp).log_softmax(-1), (t / temp).log_softmax(-1), log_target=True,
+                          reduction="batchmean")
+            return (1 - lev["kd"]) * out.loss + lev["kd"] * temp ** 2 * kl
     if loss is not None:
         base = training.Trainer
 
