@@ -96,7 +96,7 @@ def test_self_training_trains_a_teacher_then_a_fresh_model_on_its_confident_span
     assert info["teacher_eval_accuracy"] == teacher["eval_accuracy"]
     for option, value in (("lr", 3e-4), ("ema", 0.9), ("seed", 7), ("max_length", 32)):  # the teacher ran as told
         assert teacher[option] == summary[option] == value, option
-    assert "self-training on spans of the training sentences, because" in printed.err
+    assert "--self-train 3: first the teacher, a plain fine-tune of the 535 labeled examples" in printed.err
     assert f"train {summary['train_examples']} examples (535 labeled + {info['span_examples']} spans" in printed.err
     assert attnlab.load(out).config.classifier_pooling == "mean"  # the kept model is the student, in --output
     # no flag (no default turns it on) or --self-train 0: none of it runs

@@ -35,6 +35,11 @@ Defaults that follow the data (each flag given explicitly wins):
               checkpoint trains on both, validated as the teacher was. Off by default: at 1,000 SST-2
               sentences it measured no gain (83.93% over 3 draws x 3 seeds, the plain fine-tune 83.89%),
               for 2.7x the CPU.
+  self-distillation  --self-distill A (single-sentence classification): the same teacher, then a fresh copy
+              of the checkpoint trains on (1 - A) x the labels' loss + A x the teacher's soft targets at
+              temperature 2 (born-again networks). Off by default: on the full SST-2 file (1.5 epochs, --ema
+              0.999, final weights) four students scored 90.60-91.06, mean 90.77, +0.43 over their teachers;
+              at 1,000 sentences it lost (83.12% against 84.17% over five runs), for 2.3x the CPU.
   averaging   --ema D evaluates and keeps a moving average of the weights. Off by default: at 1,000 sentences
               and after the full file's single epoch it changed nothing (84.2% vs 84.3%, 89.6% both); over 3
               epochs of the full file, best of 9 evaluations 91.3% vs 90.7%. --layer-decay F (lower layers
@@ -111,6 +116,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="self-training on spans: a first fine-tune labels K random spans of each training sentence, "
                         "and a fresh model trains on the confident ones with the labeled examples (default 0: off; "
                         "see self-training below)")
+    p.add_argument("--self-distill", type=_self_distill, default=0.0, metavar="A",
+                   help="self-distillation: after a first fine-tune (the teacher), a fresh model trains on (1 - A) x "
+                        "the labels' loss + A x the teacher's soft targets (default 0: off; see self-distillation "
+                        "below)")
     p.add_argument("--setfit-pairs", choices=("sampled", "all"), default="all",
                    help="every pair within a batch of 16 sentences (120 pairs a step; default) or SetFit's sampled "
                         "pairs (16 pairs of 32 sentences a step)")
@@ -192,6 +201,7 @@ def _unit_interval(*, zero: bool, one: bool, hint: str):
 
 _layer_decay = _unit_interval(zero=False, one=True, hint="1: the same rate for every layer; e.g. 0.8")
 _ema = _unit_interval(zero=True, one=False, hint="0: off; e.g. 0.999")
+_self_distill = _unit_interval(zero=True, one=False, hint="0: off; e.g. 0.5")
 
 
 # Options each kind of run never reads, with their defaults: set to anything else they are refused, so a user
@@ -200,7 +210,7 @@ _TRANSLATION_ONLY = {"src_lang": None, "tgt_lang": None, "directions": None, "tr
                      "valid_src": None, "valid_tgt": None, "max_tokens": 4096, "warmup": None, "lr_factor": 1.0,
                      "eval_beams": 1}
 _ENCODER_ONLY = {"test": None, "layer_decay": 1.0, "ema": 0.0, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
-                 "self_train": None,
+                 "self_train": None, "self_distill": 0.0,
                  "compile": False, "precision": "fp32", "train_embeddings": False, "from_scratch": False, "lora": None}
 _NOT_READ = {
     "encoder": {**_TRANSLATION_ONLY, "set": [], "vocab_size": 8000},
@@ -247,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
                        parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
                        setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile,
                        precision=args.precision, max_minutes=args.max_minutes, layer_decay=args.layer_decay,
-                       ema=args.ema, test_file=args.test, self_train=args.self_train)
+                       ema=args.ema, test_file=args.test, self_train=args.self_train,
+                       self_distill=args.self_distill)
     print(json.dumps(summary))
     return 0
 

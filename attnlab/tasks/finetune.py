@@ -26,6 +26,9 @@ from .common import DataError, EpochBatches, collate, length_batches
 from .defaults import COMPILE_PAD, DEFAULT_HOLDOUT, default_schedule, default_setfit_steps, holdout_size
 from .splits import read_many, read_splits
 
+# Self-distillation's temperature: DistilBERT's 2 (Sanh et al. 2019), the one measured (experiments/fewlabel/RESULTS.md)
+SELF_DISTILL_T = 2.0
+
 
 def _seed_all(seed: int) -> None:
     random.seed(seed)
@@ -51,7 +54,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False,
              precision: str = "fp32", max_minutes: float | None = None, layer_decay: float = 1.0,
              ema: float = 0.0, test_file: str | Path | None = None, self_train: int | None = None,
-             splits: tuple | None = None) -> dict:
+             self_distill: float = 0.0, splits: tuple | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
@@ -76,6 +79,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     (the teacher, kept in `output`/teacher) labels them, the confident ones join the training examples, and the
     model kept in `output` is a fresh copy trained on both, validated on the same examples. None or 0: off (no
     default turns it on: at 1,000 SST-2 sentences it measured no gain, experiments/fewlabel/RESULTS.md Session 14).
+    self_distill: in (0, 1), self-distillation (born-again networks, Furlanello et al. 2018): after the same
+    teacher run, the kept model is a fresh copy of `model` trained on (1 - self_distill) x the labels' loss +
+    self_distill x the teacher's soft targets (T = SELF_DISTILL_T, objectives/distill.py). 0: off.
     splits: (train path, train examples, validation examples, their description, note) already read and split
     (the self-training teacher's run reuses its caller's); the files are then not read.
     test_file: a labelled file the kept model is scored on after training (summary "test_*"): the checkpoint is
@@ -120,6 +126,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         raise ValueError(f"finetune: setfit_steps={setfit_steps} must be 0 (off) or more")
     if self_train is not None and self_train < 0:
         raise ValueError(f"finetune: self_train={self_train} must be 0 (off) or more spans per sentence")
+    if not 0 <= self_distill < 1:
+        raise ValueError(f"finetune: self_distill={self_distill} must be in [0, 1) (0: off; the soft targets' weight)")
     hp = {**dict(epochs=3, lr=5e-5, batch_size=32, max_length=128), **task.hyper}
     epochs_given, batch_given, lr_given = epochs is not None, batch_size is not None, lr is not None
     epochs = hp["epochs"] if epochs is None else epochs
@@ -146,7 +154,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     from ..interop.local import sentence_pooling
     st_pooling = sentence_pooling(model)  # SetFit's ground, and the pooling the checkpoint was trained for
     eligible = (setfit_ok and st_pooling is not None and setfit_steps is None and not epochs_given
-                and valid_file is None and holdout is None and not resume and not self_train)
+                and valid_file is None and holdout is None and not resume and not self_train and not self_distill)
     rule = [0, ""]  # (SetFit steps, why), decided on the file's size before anything is held out
 
     def rule_holdout(n_file: int) -> int | None:
@@ -171,17 +179,25 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                           "give --valid to score the model")
     from ..training.trainer import distributed_context
     self_train = self_train or 0
-    if self_train and not (setfit_ok and distributed_context()[1] == 1 and setfit_steps is None and not save_every
-                           and not resume):
-        raise ValueError(f"finetune {task.name}: self-training (self_train) needs pretrained weights, a single-"
-                         "sentence classification task, one process, and no LoRA, distillation, SetFit stage "
-                         "or training checkpoints (--save-every/--resume: it is two runs)")
-    n_labeled, self_info = len(train_ex), {}
+    if (self_train or self_distill) and not (setfit_ok and distributed_context()[1] == 1 and setfit_steps is None
+                                             and not save_every and not resume):
+        raise ValueError(f"finetune {task.name}: self-training (self_train) and self-distillation (self_distill) "
+                         "need pretrained weights, a single-sentence classification task, one process, and no "
+                         "LoRA, distillation, SetFit stage or training checkpoints (--save-every/--resume: it is "
+                         "two runs)")
+    n_labeled, self_info, teacher_dir, teacher_summary = len(train_ex), {}, output / "teacher", {}
+    if self_train or self_distill:
+        # the teacher: this very run without either, on the same split, scored on no test file
+        why = " and ".join(x for x in (self_train and f"--self-train {self_train}",
+                                       self_distill and f"--self-distill {self_distill:g}") if x)
+        print(f"finetune {task.name}: {why}: first the teacher, a plain fine-tune of the {len(train_ex)} labeled "
+              f"examples, into {teacher_dir}", file=sys.stderr, flush=True)
+        teacher_summary = finetune(**{**options, "task": task, "output": teacher_dir, "self_train": 0,
+                                      "self_distill": 0.0, "test_file": None,
+                                      "splits": (train_path, train_ex, valid_ex, valid_desc, valid_note)})
     if self_train:
-        # the teacher: this very run without self-training, on the same split, scored on no test file
-        teacher_args = {**options, "task": task, "output": output / "teacher", "self_train": 0, "test_file": None,
-                        "splits": (train_path, train_ex, valid_ex, valid_desc, valid_note)}
-        spans = _self_training_spans(task, self_train, f"--self-train {self_train}", teacher_args, max_length, seed)
+        spans = _self_training_spans(task, self_train, f"--self-train {self_train}", teacher_dir, teacher_summary,
+                                     train_ex, max_length, seed)
         train_ex, self_info = train_ex + spans[0], spans[1]
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr,
                                               epochs_given=epochs_given or setfit_rule, batch_given=batch_given,
@@ -232,6 +248,16 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         else:
             init_student_from_teacher(net, teacher)
         trained = Distillation(net, teacher, distill or DistillConfig(), basis)
+        loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731
+    soft_teacher = None
+    if self_distill:  # the fresh copy learns from the labels and the teacher run's soft targets
+        from ..objectives.distill import DistillConfig, Distillation
+        soft_teacher = _load_for_eval(task, teacher_dir)[0]
+        if labels_of(soft_teacher)[0] != labels_of(net)[0]:  # soft targets are read class by class
+            raise ValueError(f"finetune {task.name}: the teacher in {teacher_dir} has classes "
+                             f"{labels_of(soft_teacher)[0]}, the student {labels_of(net)[0]}")
+        trained = Distillation(net, soft_teacher, DistillConfig(temperature=SELF_DISTILL_T, alpha_ce=self_distill,
+                                                                alpha_task=1 - self_distill, alpha_cos=0.0))
         loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731
     if lora:
         from ..interop.peft import lora_for_training
@@ -305,8 +331,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                       evaluate_fn=lambda model: evaluate_examples(task, student_of(model), tokenizer, valid_ex,
                                                                   max_length)[0],
                       on_best=lambda model, record: on_best(student_of(model), record))
-    if teacher is not None:
-        teacher.to(trainer.device)
+    for frozen in (teacher, soft_teacher):
+        if frozen is not None:
+            frozen.to(trainer.device)
     if total:
         trainer.train()
         step, best = trainer.step, trainer.best
@@ -328,6 +355,10 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                   if pooled else {}),
                **({"from_scratch": True} if from_scratch else {}),
                **({"labeled_examples": n_labeled, "self_training": self_info} if self_train else {}),
+               **({"self_distillation": {"weight": self_distill, "temperature": SELF_DISTILL_T,
+                                         "teacher": str(teacher_dir), "teacher_best_step": teacher_summary.get("best_step"),
+                                         **{f"teacher_{k}": v for k, v in teacher_summary.items()
+                                            if k.startswith("eval_")}}} if self_distill else {}),
                **({"lora": lora, "trainable_parameters": sum(p.numel() for p in net.parameters() if p.requires_grad)}
                   if lora else {}),
                **({"student_layers": student_layers, "teacher_layers": teacher.config.num_layers,
@@ -347,18 +378,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     return summary
 
 
-def _self_training_spans(task: Task, per_sentence: int, why: str, teacher_args: dict, max_length: int,
-                         seed: int) -> tuple[list[dict], dict]:
-    """The self-training stage (tasks/selftrain.py): `finetune(**teacher_args)`, a plain fine-tune of the same
-    split into `output`/teacher, then the spans of the training sentences it labels confidently, as training
+def _self_training_spans(task: Task, per_sentence: int, why: str, teacher_dir: Path, teacher: dict,
+                         train_ex: list[dict], max_length: int, seed: int) -> tuple[list[dict], dict]:
+    """The self-training stage (tasks/selftrain.py): the spans of the training sentences that the teacher (a
+    plain fine-tune of the same split, in `teacher_dir`; `teacher` its summary) labels confidently, as training
     examples, and what the summary says of them."""
     from .selftrain import CONFIDENCE, confident_labels, random_spans
-    train_ex = teacher_args["splits"][1]
-    teacher_dir = Path(teacher_args["output"])
-    print(f"finetune {task.name}: self-training on spans of the training sentences, because {why}: first the "
-          f"teacher, a plain fine-tune of the {len(train_ex)} labeled examples, into {teacher_dir}",
-          file=sys.stderr, flush=True)
-    teacher = finetune(**teacher_args)
     t0 = time.time()
     net, tokenizer = _load_for_eval(task, teacher_dir)
     labels, label2id = labels_of(net)
