@@ -12,21 +12,10 @@ import torch
 import attnlab
 import attnlab.training as training
 from attnlab.cli import main
-from attnlab.config import ModelConfig
 from attnlab.objectives.distill import Distillation, distill_loss
 from attnlab.tasks import defaults
 from attnlab.tasks.finetune import SELF_DISTILL_T
-from test_fewlabel_rule import _sentence_transformer
-
-
-@pytest.fixture(scope="module")
-def st_tiny(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sd_tiny")
-    torch.manual_seed(0)
-    attnlab.from_config(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                                    dropout=0.0, attention_dropout=0.0)).save(out)
-    attnlab.load_tokenizer("minilm").save(out)
-    return _sentence_transformer(out)
+from test_selftrain import st_tiny  # noqa: F401  (the same tiny sentence-transformers checkpoint)
 
 
 def test_self_distillation_trains_a_fresh_copy_on_labels_and_the_teachers_soft_targets(
