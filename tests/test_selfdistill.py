@@ -45,6 +45,7 @@ def test_self_distillation_trains_a_fresh_copy_on_labels_and_the_teachers_soft_t
     assert teacher["train_examples"] == summary["train_examples"] and teacher["lr"] == summary["lr"] == 3e-4
     assert teacher["seed"] == 5
     assert "--self-distill 0.7: first the teacher, a plain fine-tune" in printed.err
+    assert "trained on 0.3 x the labels' loss + 0.7 x the teacher's soft targets (T = 2)" in printed.err
     # the Trainer optimised a Distillation: teacher = the kept teacher, student = a fresh copy of the checkpoint
     model = seen["model"]
     assert (model.cfg.alpha_ce, model.cfg.alpha_cos, model.cfg.temperature) == (0.7, 0.0, 2.0)

@@ -259,6 +259,9 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         trained = Distillation(net, soft_teacher, DistillConfig(temperature=SELF_DISTILL_T, alpha_ce=self_distill,
                                                                 alpha_task=1 - self_distill, alpha_cos=0.0))
         loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731
+        print(f"finetune {task.name}: the kept model is a fresh copy of {model} trained on {1 - self_distill:g} x the "
+              f"labels' loss + {self_distill:g} x the teacher's soft targets (T = {SELF_DISTILL_T:g})",
+              file=sys.stderr, flush=True)
     if lora:
         from ..interop.peft import lora_for_training
         trainable = lora_for_training(net, **lora)
