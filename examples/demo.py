@@ -166,21 +166,26 @@ def finetune_averaged() -> None:
           "without it (the same command otherwise; the best of 9 evaluations): README, fine-tuning)")
 
 
+def finetune_with_teacher(name: str, flags: tuple[str, ...], measured: str) -> None:
+    """A sentiment fine-tune that first trains a teacher (kept in OUT/name/teacher), and what it measured."""
+    finetune_demo_sentiment(name, *flags)
+    print(f"(the teacher is kept in {OUT / name / 'teacher'}. {measured}: README, fine-tuning)")
+
+
 def finetune_self_trained() -> None:
     section("6a''. self-training on spans: a first fine-tune labels random spans of the 40 training sentences, and a "
             "fresh MiniLM trains on the confident ones with the labeled sentences")
-    finetune_demo_sentiment("sentiment-self-trained", "--self-train", "5")
-    print(f"(the teacher is kept in {OUT / 'sentiment-self-trained' / 'teacher'}. At 1,000 SST-2 sentences it "
-          "measured no gain over the plain fine-tune, so it is an option, not a default: README, fine-tuning)")
+    finetune_with_teacher("sentiment-self-trained", ("--self-train", "5"),
+                          "At 1,000 SST-2 sentences it measured no gain over the plain fine-tune, so it is an option, "
+                          "not a default")
 
 
 def finetune_self_distilled() -> None:
     section("6a'''. self-distillation: after the same kind of teacher, a fresh MiniLM learns from the labels and "
             "the teacher's soft targets (born-again networks)")
-    finetune_demo_sentiment("sentiment-self-distilled", "--self-distill", "0.5")
-    print(f"(the teacher is kept in {OUT / 'sentiment-self-distilled' / 'teacher'}. On the full SST-2 file four "
-          "students scored 90.60-91.06 (mean 90.77, +0.43 over their teachers); at 1,000 sentences it lost, so it is "
-          "an option: README, fine-tuning)")
+    finetune_with_teacher("sentiment-self-distilled", ("--self-distill", "0.5"),
+                          "On the full SST-2 file four students scored 90.60-91.06 (mean 90.77, +0.43 over their "
+                          "teachers); at 1,000 sentences it lost, so it is an option")
 
 
 def learning_curve() -> None:

@@ -253,9 +253,10 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     if self_distill:  # the fresh copy learns from the labels and the teacher run's soft targets
         from ..objectives.distill import DistillConfig, Distillation
         soft_teacher = _load_for_eval(task, teacher_dir)[0]
-        if labels_of(soft_teacher)[0] != labels_of(net)[0]:  # soft targets are read class by class
-            raise ValueError(f"finetune {task.name}: the teacher in {teacher_dir} has classes "
-                             f"{labels_of(soft_teacher)[0]}, the student {labels_of(net)[0]}")
+        t_labels, s_labels = labels_of(soft_teacher)[0], labels_of(net)[0]
+        if t_labels != s_labels:  # soft targets are read class by class
+            raise ValueError(f"finetune {task.name}: the teacher in {teacher_dir} has classes {t_labels}, "
+                             f"the student {s_labels}")
         trained = Distillation(net, soft_teacher, DistillConfig(temperature=SELF_DISTILL_T, alpha_ce=self_distill,
                                                                 alpha_task=1 - self_distill, alpha_cos=0.0))
         loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731

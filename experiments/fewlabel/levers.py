@@ -32,6 +32,7 @@ from torch import nn
 
 import attnlab.tasks.finetune  # noqa: F401  (the module: the package re-exports its function by the same name)
 import attnlab.training as training
+from attnlab.objectives.distill import soft_target_loss
 
 ft = sys.modules["attnlab.tasks.finetune"]
 
@@ -111,9 +112,7 @@ def install(lev: dict) -> None:
             out = model(**batch)
             with torch.no_grad():
                 t = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
-            kl = F.kl_div((out.logits.float() / temp).log_softmax(-1), (t / temp).log_softmax(-1), log_target=True,
-                          reduction="batchmean")
-            return (1 - lev["kd"]) * out.loss + lev["kd"] * temp ** 2 * kl
+            return (1 - lev["kd"]) * out.loss + lev["kd"] * soft_target_loss(out.logits, t, temp)
     if loss is not None:
         base = training.Trainer
 
