@@ -14,7 +14,8 @@ FL is a `sst2_fewlabel.py --out` directory (it writes the draws and the 872 clea
          sentence vectors of the batch at temperature tau (default 0.3)
   kd     self-distillation (born-again networks, Furlanello et al. 2018): a fresh copy learns from the labels and
          a fine-tuned model's soft targets, (1 - kd) * CE + kd * T^2 * KL(teacher || student) at temperature T
-         (default 2); "teacher": the fine-tuned model's directory
+         (default 2); "teacher": the fine-tuned model's directory, or a list of them (an ensemble: the target is
+         the mean of their softened distributions, as in Hinton et al. 2015)
 --kw: keyword arguments of attnlab.tasks.finetune.finetune (batch_size, freeze_embeddings, epochs, ...).
 Prints one JSON line, also appended to OUT/results.jsonl: accuracy of the kept model on --held, and the last
 evaluation of the run (the final weights, when --kw gives valid_file=HELD)."""
@@ -105,13 +106,16 @@ def install(lev: dict) -> None:
             ce = F.cross_entropy(model.classifier(model.dropout(v)).float(), batch["labels"])
             return (1 - lev["scl"]) * ce + lev["scl"] * supcon(v, batch["labels"], lev.get("tau", 0.3))
     elif lev.get("kd"):
-        teacher = ft._load_for_eval(ft.get_task("sst2"), lev["teacher"])[0].eval().requires_grad_(False)
+        dirs = lev["teacher"] if isinstance(lev["teacher"], list) else [lev["teacher"]]
+        teachers = [ft._load_for_eval(ft.get_task("sst2"), d)[0].eval().requires_grad_(False) for d in dirs]
         temp = float(lev.get("T", 2.0))
 
         def loss(model, batch):
             out = model(**batch)
             with torch.no_grad():
-                t = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits.float()
+                x = {k: v for k, v in batch.items() if k != "labels"}
+                p = torch.stack([(m(**x).logits.float() / temp).softmax(-1) for m in teachers]).mean(0)
+                t = temp * p.log()  # soft_target_loss divides by T again: its softmax gives back p
             return (1 - lev["kd"]) * out.loss + lev["kd"] * soft_target_loss(out.logits, t, temp)
     if loss is not None:
         base = training.Trainer
