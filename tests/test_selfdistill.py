@@ -101,4 +101,4 @@ def test_help_says_it_is_off_by_default_and_what_it_measured(capsys):
         main(["finetune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--self-distill A" in text and "self-distillation --self-distill A" in text
-    assert "90.77" in text and "83.12%" in text  # what it measured on the full file and at 1,000 sentences
+    assert "+0.31" in text and "83.12%" in text  # what it measured on the full file and at 1,000 sentences

@@ -38,7 +38,8 @@ Defaults that follow the data (each flag given explicitly wins):
   self-distillation  --self-distill A (single-sentence classification): the same teacher, then a fresh copy
               of the checkpoint trains on (1 - A) x the labels' loss + A x the teacher's soft targets at
               temperature 2 (born-again networks). Off by default: on the full SST-2 file (1.5 epochs, --ema
-              0.999, final weights) four students scored 90.60-91.06, mean 90.77, +0.43 over their teachers;
+              0.999, final weights) the students of three seeds' teachers scored 90.48-90.71, mean 90.60,
+              +0.31 over their teachers (an ensemble of three teachers: no better, 90.59);
               at 1,000 sentences it lost (83.12% against 84.17% over five runs), for 2.3x the CPU.
   averaging   --ema D evaluates and keeps a moving average of the weights. Off by default: at 1,000 sentences
               and after the full file's single epoch it changed nothing (84.2% vs 84.3%, 89.6% both); over 3
