@@ -248,7 +248,6 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         else:
             init_student_from_teacher(net, teacher)
         trained = Distillation(net, teacher, distill or DistillConfig(), basis)
-        loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731
     soft_teacher = None
     if self_distill:  # the fresh copy learns from the labels and the teacher run's soft targets
         from ..objectives.distill import DistillConfig, Distillation
@@ -259,10 +258,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                              f"the student {s_labels}")
         trained = Distillation(net, soft_teacher, DistillConfig(temperature=SELF_DISTILL_T, alpha_ce=self_distill,
                                                                 alpha_task=1 - self_distill, alpha_cos=0.0))
-        loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731
         print(f"finetune {task.name}: the kept model is a fresh copy of {model} trained on {1 - self_distill:g} x the "
               f"labels' loss + {self_distill:g} x the teacher's soft targets (T = {SELF_DISTILL_T:g})",
               file=sys.stderr, flush=True)
+    if trained is not net:  # a Distillation returns (loss, parts)
+        loss_fn = lambda model, batch: model(batch)[0]  # noqa: E731
     if lora:
         from ..interop.peft import lora_for_training
         trainable = lora_for_training(net, **lora)

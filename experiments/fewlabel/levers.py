@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -114,8 +115,9 @@ def install(lev: dict) -> None:
             out = model(**batch)
             with torch.no_grad():
                 x = {k: v for k, v in batch.items() if k != "labels"}
-                p = torch.stack([(m(**x).logits.float() / temp).softmax(-1) for m in teachers]).mean(0)
-                t = temp * p.log()  # soft_target_loss divides by T again: its softmax gives back p
+                logp = torch.stack([(m(**x).logits.float() / temp).log_softmax(-1) for m in teachers])
+                # log of the mean distribution, in log space (no log(0)); soft_target_loss divides by T again
+                t = temp * (logp.logsumexp(0) - math.log(len(teachers)))
             return (1 - lev["kd"]) * out.loss + lev["kd"] * soft_target_loss(out.logits, t, temp)
     if loss is not None:
         base = training.Trainer
