@@ -15,7 +15,9 @@ FL is a `sst2_fewlabel.py --out` directory (it writes the draws and the 872 clea
   kd     self-distillation (born-again networks, Furlanello et al. 2018): a fresh copy learns from the labels and
          a fine-tuned model's soft targets, (1 - kd) * CE + kd * T^2 * KL(teacher || student) at temperature T
          (default 2); "teacher": the fine-tuned model's directory, or a list of them (an ensemble: the target is
-         the mean of their softened distributions, as in Hinton et al. 2015)
+         the mean of their softened distributions, as in Hinton et al. 2015); or "teacher_logits": a .pt file of
+         {"sentences", "logits"} written by another model (experiments/distill/llm_teacher.py: SmolLM2), looked
+         up by the student's token ids
 --kw: keyword arguments of attnlab.tasks.finetune.finetune (batch_size, freeze_embeddings, epochs, ...).
 Prints one JSON line, also appended to OUT/results.jsonl: accuracy of the kept model on --held, and the last
 evaluation of the run (the final weights, when --kw gives valid_file=HELD)."""
@@ -106,6 +108,22 @@ def install(lev: dict) -> None:
             v = model.sentence_vector(out, mask)
             ce = F.cross_entropy(model.classifier(model.dropout(v)).float(), batch["labels"])
             return (1 - lev["scl"]) * ce + lev["scl"] * supcon(v, batch["labels"], lev.get("tau", 0.3))
+    elif lev.get("kd") and lev.get("teacher_logits"):
+        saved = torch.load(lev["teacher_logits"])
+        from attnlab import load_tokenizer
+        enc = load_tokenizer(lev.get("student_tokenizer", "minilm"))(saved["sentences"], max_length=64,
+                                                                      truncation=True)["input_ids"]
+        table = {tuple(ids): row for ids, row in zip(enc, saved["logits"].float())}
+        temp = float(lev.get("T", 2.0))
+
+        def loss(model, batch):
+            out = model(**batch)
+            ids, mask = batch["input_ids"].tolist(), batch["attention_mask"].tolist()
+            try:
+                t = torch.stack([table[tuple(i for i, m in zip(r, mr) if m)] for r, mr in zip(ids, mask)])
+            except KeyError as e:
+                raise SystemExit(f"a training sentence has no teacher logits in {lev['teacher_logits']}") from e
+            return (1 - lev["kd"]) * out.loss + lev["kd"] * soft_target_loss(out.logits, t.to(out.logits), temp)
     elif lev.get("kd"):
         dirs = lev["teacher"] if isinstance(lev["teacher"], list) else [lev["teacher"]]
         teachers = [ft._load_for_eval(ft.get_task("sst2"), d)[0].eval().requires_grad_(False) for d in dirs]
