@@ -27,14 +27,15 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-
-TEMPLATE = "Review: {}\nSentiment:"
+from attnlab.tasks.prompting import kshot_prompt  # the zero-shot prompt of `attnlab evaluate-prompting`
 
 
 def read_tsv(path: str) -> list[tuple[str, int]]:
     rows = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()[1:], start=2):
-        text, label = line.rsplit("\t", 1)
+        text, _, label = line.rpartition("\t")
+        if label.strip() not in ("0", "1"):
+            raise SystemExit(f"{path}:{n}: expected 'sentence<TAB>0|1', got {line[:80]!r}")
         rows.append((text.strip(), int(label)))
     return rows
 
@@ -119,10 +120,9 @@ def main() -> int:
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     clf = Classifier(lm, label_ids)
 
-    train, held = read_tsv(a.train), read_tsv(a.held)
-    if a.limit:
-        train = train[:a.limit]
-    enc = lambda rows: [tok.encode(TEMPLATE.format(s), add_special_tokens=False) for s, _ in rows]
+    every, held = read_tsv(a.train), read_tsv(a.held)
+    train = every[:a.limit] if a.limit else every
+    enc = lambda rows: [tok.encode(kshot_prompt([], s), add_special_tokens=False) for s, _ in rows]
     tr_enc, held_enc = enc(train), enc(held)
     tr_y = torch.tensor([y for _, y in train])
     held_y = torch.tensor([y for _, y in held])
@@ -172,15 +172,15 @@ def main() -> int:
     train_s = time.time() - t0
     final = held_acc()
     t1 = time.time()
-    logits = predict(clf, enc(read_tsv(a.train)), pad)
+    logits = predict(clf, tr_enc if len(train) == len(every) else enc(every), pad)
     tmp = out / "teacher_logits.pt.tmp"
-    torch.save({"sentences": [s for s, _ in read_tsv(a.train)], "logits": logits}, tmp)
+    torch.save({"sentences": [s for s, _ in every], "logits": logits}, tmp)
     tmp.replace(out / "teacher_logits.pt")
     summary = {"model": a.model, "train": a.train, "lines": len(train), "epochs": a.epochs, "lr": a.lr,
                "steps": total, "zero_shot_held": round(zero_shot, 2), "final_held": round(final, 2),
                "train_s": round(train_s), "logits_s": round(time.time() - t1),
                "train_acc_of_logits": round((logits.argmax(-1) == torch.tensor(
-                   [y for _, y in read_tsv(a.train)])).float().mean().item() * 100, 2)}
+                   [y for _, y in every])).float().mean().item() * 100, 2)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary), flush=True)
     return 0
