@@ -16,8 +16,8 @@ FL is a `sst2_fewlabel.py --out` directory (it writes the draws and the 872 clea
          a fine-tuned model's soft targets, (1 - kd) * CE + kd * T^2 * KL(teacher || student) at temperature T
          (default 2); "teacher": the fine-tuned model's directory, or a list of them (an ensemble: the target is
          the mean of their softened distributions, as in Hinton et al. 2015); or "teacher_logits": a .pt file of
-         {"sentences", "logits"} written by another model (experiments/distill/llm_teacher.py: SmolLM2), looked
-         up by the student's token ids
+         {"sentences", "logits"} written by another model (experiments/distill/llm_teacher.py: SmolLM2), or a
+         list of them (the training file's and its augmented copies'), looked up by the student's token ids
 --kw: keyword arguments of attnlab.tasks.finetune.finetune (batch_size, freeze_embeddings, epochs, ...).
 Prints one JSON line, also appended to OUT/results.jsonl: accuracy of the kept model on --held, and the last
 evaluation of the run (the final weights, when --kw gives valid_file=HELD)."""
@@ -109,11 +109,12 @@ def install(lev: dict) -> None:
             ce = F.cross_entropy(model.classifier(model.dropout(v)).float(), batch["labels"])
             return (1 - lev["scl"]) * ce + lev["scl"] * supcon(v, batch["labels"], lev.get("tau", 0.3))
     elif lev.get("kd") and lev.get("teacher_logits"):
-        saved = torch.load(lev["teacher_logits"])
+        files = lev["teacher_logits"] if isinstance(lev["teacher_logits"], list) else [lev["teacher_logits"]]
+        saved = [torch.load(f) for f in files]  # e.g. the training file's and its augmented copies'
         from attnlab import load_tokenizer
-        enc = load_tokenizer(lev.get("student_tokenizer", "minilm"))(saved["sentences"], max_length=64,
-                                                                      truncation=True)["input_ids"]
-        table = {tuple(ids): row for ids, row in zip(enc, saved["logits"].float())}
+        enc = load_tokenizer(lev.get("student_tokenizer", "minilm"))([s for d in saved for s in d["sentences"]],
+                                                                      max_length=64, truncation=True)["input_ids"]
+        table = {tuple(ids): row for ids, row in zip(enc, torch.cat([d["logits"].float() for d in saved]))}
         temp = float(lev.get("T", 2.0))
 
         def loss(model, batch):
