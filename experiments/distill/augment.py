@@ -33,7 +33,7 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
 
 def augment(words: list[str], rng: random.Random, vocab: list[str], weights: list[int]) -> list[str]:
     n = len(words)
-    op = rng.randrange(4)
+    op = rng.choice((0, 1, 2, 3) if n >= 4 else (0, 1, 3))  # a span needs at least 4 words to differ
     if op == 0:                                    # delete each word with p = 0.15, at least one
         keep = [w for w in words if rng.random() >= 0.15]
         if len(keep) == n:
