@@ -20,15 +20,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
-
-def read_tsv(path: str) -> list[tuple[str, str]]:
-    rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()[1:], start=2):
-        text, _, label = line.rpartition("\t")
-        if label.strip() not in ("0", "1") or not text.strip():
-            raise SystemExit(f"{path}:{n}: expected 'sentence<TAB>0|1', got {line[:80]!r}")
-        rows.append((text.strip(), label.strip()))
-    return rows
+from llm_teacher import read_tsv  # the same sentence<TAB>0|1 files, the same file:line errors
 
 
 def augment(words: list[str], rng: random.Random, vocab: list[str], weights: list[int]) -> list[str]:
