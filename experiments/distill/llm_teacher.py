@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 import attnlab
 from attnlab.nn.precision import tune_malloc
+# the classifier `finetune --teacher` trains
+from attnlab.tasks.prompt_teacher import PromptClassifier, class_logits, label_token_ids, prompt_batch
 from attnlab.tasks.prompting import kshot_prompt  # the zero-shot prompt of `attnlab evaluate-prompting`
 
 
@@ -43,31 +45,11 @@ def read_tsv(path: str) -> list[tuple[str, int]]:
     return rows
 
 
-class Classifier(torch.nn.Module):
-    """The causal LM's hidden state at each row's last real token, against the two label words' output rows."""
-
-    def __init__(self, lm, label_ids: list[int]) -> None:
-        super().__init__()
-        self.lm, self.label_ids = lm, label_ids
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.lm.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
-        last = mask.sum(1) - 1                                  # right padding: the last real position
-        h = hidden[torch.arange(ids.size(0)), last]
-        w = self.lm.lm_head.weight[self.label_ids]
-        return h @ w.T
-
-
 def batches(encoded: list[list[int]], order: list[int], size: int, pad: int):
     for k in range(0, len(order), size):
         idx = order[k:k + size]
-        width = max(len(encoded[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, :len(encoded[i])] = torch.tensor(encoded[i])
-            mask[r, :len(encoded[i])] = 1
-        yield idx, ids, mask
+        b = prompt_batch(encoded, idx, pad)
+        yield idx, b["input_ids"], b["attention_mask"]
 
 
 def length_buckets(encoded, size: int, rng: random.Random) -> list[int]:
@@ -83,15 +65,8 @@ def length_buckets(encoded, size: int, rng: random.Random) -> list[int]:
     return [i for c in chunks for i in c]
 
 
-@torch.no_grad()
-def predict(clf, encoded, pad: int, size: int = 64) -> torch.Tensor:
-    clf.eval()
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    out = torch.empty(len(encoded), 2)
-    for idx, ids, mask in batches(encoded, order, size, pad):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out[idx] = clf(ids, mask).float()
-    return out
+def predict(clf, encoded, pad: int) -> torch.Tensor:
+    return class_logits(clf, encoded, pad, "bf16")
 
 
 def main() -> int:
@@ -106,6 +81,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--limit", type=int, default=0, help="train on the first N lines only (timing)")
     ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--freeze-layers", type=int, default=0,
+                    help="freeze the embeddings and the bottom N layers (backward stops at layer N)")
+    ap.add_argument("--no-zero-shot", action="store_true", help="skip scoring the untrained prompt on --held")
     ap.add_argument("--save-model", metavar="DIR", help="also save the fine-tuned teacher (attnlab.save)")
     ap.add_argument("--label", metavar="TSV", action="append", default=[],
                     help="also write the teacher's logits for this file's sentences to OUT/<stem>_logits.pt "
@@ -120,14 +98,9 @@ def main() -> int:
 
     lm = attnlab.load(a.model)
     tok = attnlab.load_tokenizer(a.model)
-    label_ids = []
-    for w in (" negative", " positive"):
-        t = tok.encode(w, add_special_tokens=False)
-        if len(t) != 1:
-            raise SystemExit(f"label word {w!r} is {len(t)} tokens for this tokenizer; expected 1")
-        label_ids.append(t[0])
+    label_ids = label_token_ids(tok, ["negative", "positive"], a.model)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    clf = Classifier(lm, label_ids)
+    clf = PromptClassifier(lm, label_ids, a.freeze_layers)
 
     every, held = read_tsv(a.train), read_tsv(a.held)
     extra = {f: read_tsv(f) for f in a.label}  # read before training: a bad line stops the run early
@@ -141,11 +114,11 @@ def main() -> int:
         return (predict(clf, held_enc, pad).argmax(-1) == held_y).float().mean().item() * 100
 
     t0 = time.time()
-    zero_shot = held_acc()
-    print(json.dumps({"zero_shot_held": round(zero_shot, 2), "s": round(time.time() - t0)}), flush=True)
+    zero_shot = None if a.no_zero_shot else round(held_acc(), 2)
+    print(json.dumps({"zero_shot_held": zero_shot, "s": round(time.time() - t0)}), flush=True)
 
     tune_malloc()  # as the Trainer does: the first steps were ~2.5x slower without it
-    params = [p for p in lm.parameters() if p.requires_grad]
+    params = [p for p in clf.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
@@ -186,7 +159,7 @@ def main() -> int:
         attnlab.save(lm, a.save_model)
     t1 = time.time()
     summary = {"model": a.model, "train": a.train, "lines": len(train), "epochs": a.epochs, "lr": a.lr,
-               "steps": total, "zero_shot_held": round(zero_shot, 2), "final_held": round(final, 2),
+               "steps": total, "zero_shot_held": zero_shot, "final_held": round(final, 2),
                "train_s": round(train_s)}
     jobs = [] if a.no_train_logits else [("teacher_logits.pt", every, tr_enc if len(train) == len(every) else None)]
     jobs += [(Path(f).stem + "_logits.pt", rows, None) for f, rows in extra.items()]

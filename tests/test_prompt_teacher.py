@@ -1,0 +1,156 @@
+"""The LM teacher of the few-label rule (issue #21): augmented copies (data/augment.py), the prompt classifier
+and its teacher run (tasks/prompt_teacher.py), the soft-target loss, the rule in defaults.py, and a finetune run
+that goes through all of it with a tiny teacher and a tiny student."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.cli import main
+from attnlab.config import ModelConfig
+from attnlab.data.augment import augmented_copies
+from attnlab.tasks.defaults import SETFIT_BELOW, TEACHER_BELOW, TEACHER_COPIES, teacher_helps
+from attnlab.tasks.prompt_teacher import PromptClassifier, class_logits, label_token_ids, soft_label_loss
+
+from _adapt import smol_tokenizer, tiny_llama_config
+from test_fewlabel_rule import _sentence_transformer
+
+TEXTS = ["a gorgeous , witty , seductive movie", "the plot is a mess and the acting worse", "fine",
+         "one of the year 's best films , warm and sharp", "dull dull dull"]
+
+
+def test_copies_are_seeded_new_and_point_at_their_source():
+    copies = augmented_copies(TEXTS, 3, seed=1)
+    assert copies == augmented_copies(TEXTS, 3, seed=1) != augmented_copies(TEXTS, 3, seed=2)
+    sources = [k for k, _ in copies]
+    assert set(sources) == {0, 1, 3}                  # "fine" and "dull dull dull" are under 4 words
+    assert all(sources.count(k) <= 3 for k in set(sources))
+    texts = [t for _, t in copies]
+    assert len(set(texts)) == len(texts) and not set(texts) & set(TEXTS)
+    for k, t in copies:                               # every copy is made of its source's words (or the corpus')
+        assert set(t.split()) <= {w for s in TEXTS for w in s.split()}
+        assert len(t.split()) >= 2
+    assert len(augmented_copies(TEXTS, 1, copies_long=7, seed=1)) > len(augmented_copies(TEXTS, 1, seed=1))
+    with pytest.raises(ValueError, match="min_words"):
+        augmented_copies(TEXTS, 1, min_words=1)
+
+
+def test_the_classifier_reads_the_label_words_next_token_logits_at_the_last_real_token():
+    tok = smol_tokenizer()
+    torch.manual_seed(0)
+    lm = attnlab.from_config(tiny_llama_config(len(tok))).eval()
+    ids = label_token_ids(tok, ["negative", "positive"], "tiny")
+    clf = PromptClassifier(lm, ids)
+    rows = [tok.encode(f"Review: {t}\nSentiment:", add_special_tokens=False) for t in TEXTS]
+    got = class_logits(clf, rows, pad=tok.pad_token_id, batch_size=3)   # right-padded batches of mixed length
+    with torch.no_grad():
+        for r, row in enumerate(rows):
+            want = lm(torch.tensor([row])).logits[0, -1, ids]
+            torch.testing.assert_close(got[r], want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"'xqzjv' is \d+ tokens"):
+        label_token_ids(tok, ["negative", "xqzjv"], "tiny")
+    # frozen bottom layers: backward stops above them; the label rows train as their own parameter
+    clf = PromptClassifier(lm, ids, freeze_layers=1)
+    b = {"input_ids": torch.tensor([rows[0]]), "attention_mask": torch.ones(1, len(rows[0]), dtype=torch.long)}
+    clf(**b).sum().backward()
+    assert clf.head.grad is not None and all(p.grad is not None for p in lm.backbone.layers[1].parameters())
+    assert all(p.grad is None for p in lm.backbone.layers[0].parameters())
+    assert lm.backbone.embeddings.tok.weight.grad is None
+    with pytest.raises(ValueError, match="layers"):
+        PromptClassifier(lm, ids, freeze_layers=2)
+
+
+def test_the_soft_label_loss_mixes_the_labels_and_the_teacher():
+    torch.manual_seed(0)
+    from attnlab.heads import SequenceClassification
+    net = SequenceClassification(ModelConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+                                             intermediate_size=32, max_position_embeddings=16,
+                                             extra={"num_labels": 2})).eval()
+    batch = {"input_ids": torch.randint(5, 50, (4, 6)), "attention_mask": torch.ones(4, 6, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 1, 0])}
+    out = net(**batch)
+    same = {**batch, "soft_labels": out.logits.detach()}
+    torch.testing.assert_close(soft_label_loss(0.9, 2.0)(net, same), 0.1 * out.loss)   # KL(p || p) = 0
+    other = {**batch, "soft_labels": torch.tensor([[3.0, -3.0]] * 4)}
+    assert soft_label_loss(0.9, 2.0)(net, other) > 0.1 * out.loss + 1e-3
+    torch.testing.assert_close(soft_label_loss(0.0, 2.0)(net, other), out.loss)
+
+
+def test_the_hint_applies_between_its_bounds_only_where_it_applies():
+    assert (SETFIT_BELOW, TEACHER_BELOW) == (500, 2000)
+    assert teacher_helps(900, True) and teacher_helps(500, True) and teacher_helps(1999, True)
+    assert not teacher_helps(499, True) and not teacher_helps(2000, True) and not teacher_helps(900, False)
+
+
+def test_help_states_the_teacher_option_and_its_measurement(capsys):
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "LM teacher --teacher smollm2" in text and "Off by default, for its time" in text
+    assert "TBD" not in text
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("teach")
+    st = root / "st"
+    attnlab.from_config(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                    dropout=0.0, attention_dropout=0.0)).save(st)
+    attnlab.load_tokenizer("minilm").save(st)
+    _sentence_transformer(st)
+    tok = smol_tokenizer()
+    torch.manual_seed(0)
+    teacher = root / "teacher"
+    attnlab.from_config(tiny_llama_config(len(tok), num_layers=3)).save(teacher)
+    tok.save(teacher)
+    return st, teacher
+
+
+def _sst2_lines(data_dir, n):
+    lines = (data_dir / "glue/SST-2/train.tsv").read_text().splitlines()
+    return "\n".join(lines[:n + 1]) + "\n"   # the header and n sentences
+
+
+def test_finetune_with_a_teacher_trains_on_its_copies_and_soft_targets(models, data_dir, tmp_path, capsys):
+    st, teacher = models
+    train = tmp_path / "train.tsv"
+    train.write_text(_sst2_lines(data_dir, 200))
+    assert main(["finetune", "sst2", "--model", str(st), "--train", str(train), "--output", str(tmp_path / "a"),
+                 "--no-progress", "--teacher", str(teacher)]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert "teacher" in summary, err
+    t = summary["teacher"]
+    assert t["teacher"] == str(teacher) and t["why"] == f"--teacher {teacher}"
+    assert summary["valid_examples"] == 20 and 176 <= t["labeled_examples"] <= 180   # 10% held out (and phrases)
+    assert summary["train_examples"] == t["labeled_examples"] + t["copies"]
+    assert t["labeled_examples"] < t["copies"] <= (TEACHER_COPIES + 1) * t["labeled_examples"]
+    assert summary["epochs"] == 1 and summary["batch_size"] == 16
+    assert summary["steps"] == -(-summary["train_examples"] // 16)
+    assert (tmp_path / "a" / "teacher" / "metrics.jsonl").read_text().strip()      # the teacher's run log
+    assert "augmented copies the teacher labeled" in err and "soft targets (T = 2)" in err
+    # given by hand it needs a task with a prompt
+    from attnlab.tasks.base import get_task
+    from attnlab.tasks.finetune import _teacher_rule
+    with pytest.raises(ValueError, match="needs a single-sentence classification task with a prompt"):
+        _teacher_rule(get_task("cola"), str(teacher), 900, True, True)
+    with pytest.raises(FileNotFoundError, match="absent"):
+        _teacher_rule(get_task("sst2"), str(tmp_path / "absent"), 900, True, True)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_without_a_teacher_a_run_where_one_helps_says_so(models, tmp_path, capsys, monkeypatch, installed):
+    from attnlab.tasks.base import get_task
+    from attnlab.tasks.finetune import _teacher_rule
+    st, teacher = models
+    monkeypatch.setattr("attnlab.tasks.prompt_teacher.TEACHER", str(teacher if installed else tmp_path / "absent"))
+    assert _teacher_rule(get_task("sst2"), None, 900, True, True) == ("", "")
+    err = capsys.readouterr().err
+    assert "with 900 training examples, --teacher" in err and ("pip install" in err) != installed
+    for n, plain in ((400, True), (900, False), (2000, True)):                    # where it was not measured
+        assert _teacher_rule(get_task("sst2"), None, n, True, plain) == ("", "")
+    assert _teacher_rule(get_task("sst2"), "none", 900, True, True) == ("", "")
+    assert capsys.readouterr().err == ""
