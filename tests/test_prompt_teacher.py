@@ -134,7 +134,7 @@ def test_finetune_with_a_teacher_trains_on_its_copies_and_soft_targets(models, d
     assert "augmented copies the teacher labeled" in err and "soft targets (T = 2)" in err
     # given by hand it needs a task with a prompt
     from attnlab.tasks.base import get_task
-    from attnlab.tasks.finetune import _teacher_rule
+    from attnlab.tasks.prompt_teacher import choose_teacher as _teacher_rule
     with pytest.raises(ValueError, match="needs a single-sentence classification task with a prompt"):
         _teacher_rule(get_task("cola"), str(teacher), 900, True, True)
     with pytest.raises(FileNotFoundError, match="absent"):
@@ -144,7 +144,7 @@ def test_finetune_with_a_teacher_trains_on_its_copies_and_soft_targets(models, d
 @pytest.mark.parametrize("installed", [True, False])
 def test_without_a_teacher_a_run_where_one_helps_says_so(models, tmp_path, capsys, monkeypatch, installed):
     from attnlab.tasks.base import get_task
-    from attnlab.tasks.finetune import _teacher_rule
+    from attnlab.tasks.prompt_teacher import choose_teacher as _teacher_rule
     st, teacher = models
     monkeypatch.setattr("attnlab.tasks.prompt_teacher.TEACHER", str(teacher if installed else tmp_path / "absent"))
     assert _teacher_rule(get_task("sst2"), None, 900, True, True) == ("", "")

