@@ -194,7 +194,7 @@ def finetune_lm_teacher() -> None:
     # 2 epochs: the 40 sentences come with ~300 copies
     finetune_demo_sentiment("sentiment-lm-teacher", "--teacher", "smollm2", epochs="2")
     print(f"(the teacher's run log: {OUT / 'sentiment-lm-teacher' / 'teacher'}. At 900 SST-2 sentences the student "
-          "scored 85.55% against 83.89% for the plain fine-tune (3 draws x 3 seeds), in ~8 minutes instead of ~1.5, "
+          "scored 85.49% against 83.89% for the plain fine-tune (3 draws x 3 seeds), in ~8 minutes instead of ~1.5, "
           "so it is an option: README, fine-tuning)")
 
 

