@@ -209,12 +209,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     lm_teacher, teacher_why = choose_teacher(task, teacher, len(train_ex), setfit_ok and not (
         self_train or self_distill or save_every or resume or setfit_rule or options["setfit_steps"] is not None
         or distributed_context()[1] > 1), st_pooling is not None and not (epochs_given or lr_given or batch_given))
-    teacher_info, soft, class_order = {}, None, task.label_list(train_ex)
+    teacher_info, soft = {}, None
     if lm_teacher:
         from .prompt_teacher import teacher_examples
         print(f"finetune {task.name}: {len(train_ex)} labeled examples train, {len(valid_ex)} validate; first an LM "
               f"teacher, because {teacher_why}", file=sys.stderr, flush=True)
-        copies, soft, teacher_info = teacher_examples(task, train_ex, class_order, teacher=lm_teacher,
+        copies, soft, teacher_info = teacher_examples(task, train_ex, task.label_list(train_ex), teacher=lm_teacher,
                                                       output=output / "teacher", seed=seed, progress=progress)
         train_ex, teacher_info["why"] = train_ex + copies, teacher_why
         epochs, batch_size = (epochs if epochs_given else STUDENT_EPOCHS), (batch_size if batch_given else SMALL_BATCH)
@@ -292,7 +292,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     feats = task.features(train_ex, tokenizer, max_length, label2id, training=True)
     if soft is not None:  # the teacher's logits ride in the batches, columns in the student's class order
         from .prompt_teacher import soft_label_loss
-        columns = [class_order.index(label) for label in labels_of(net)[0]]
+        # the soft columns follow `labels` (the copies carry only labels the sentences have)
+        columns = [labels.index(label) for label in labels_of(net)[0]]
         for f in feats:
             f["soft_labels"] = soft[f["example"], columns].tolist()
         loss_fn = soft_label_loss(TEACHER_KD, TEACHER_T)
