@@ -9,7 +9,7 @@ import sys
 from .paths import check_inputs
 
 # The order here is the order `attnlab --help` lists them in.
-COMMANDS = ["info", "embed", "index", "search", "generate", "viz", "plot", "finetune", "evaluate", "predict", "curve", "tokenizer", "prepare", "pretrain", "distill", "translate", "serve", "sft", "dpo", "prompting", "experiment"]
+COMMANDS = ["info", "embed", "index", "search", "generate", "viz", "plot", "finetune", "soup", "evaluate", "predict", "curve", "tokenizer", "prepare", "pretrain", "distill", "translate", "serve", "sft", "dpo", "prompting", "experiment"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,7 @@ INPUTS: dict[str, dict[str, str]] = {
     "plot": {"run_dir": "run_dir"},
     "finetune": {"model": "model_or_preset", "train": "files", "valid": "file", "test": "files", "train_src": "file",
                  "train_tgt": "file", "valid_src": "file", "valid_tgt": "file"},
+    "soup": {"models": "models"},
     "evaluate": {"model": "model", "data": "file", "source": "file", "reference": "file"},
     "predict": {"model": "model", "input": "file"},
     "tokenizer": {"files": "files"},

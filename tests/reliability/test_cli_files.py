@@ -48,6 +48,7 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
         "finetune": lambda v: ["finetune", "translation", "--output", o, "--model", v["model"], "--train", v["train"],
                                "--valid", v["valid"], "--test", v["test"], *[x for n in ("train_src", "train_tgt", "valid_src", "valid_tgt")
                                                         for x in ("--" + n.replace("_", "-"), v[n])]],
+        "soup": lambda v: ["soup", v["models"], m, "--output", o],
         "evaluate": lambda v: ["evaluate", "sst2", "--model", v["model"], "--data", v["data"], "--source",
                                v["source"], "--reference", v["reference"]],
         "predict": lambda v: ["predict", "sst2", "--model", v["model"], "--input", v["input"], "--output", o],
@@ -83,6 +84,8 @@ def option_of(command: str, dest: str) -> str:
         return "PASSAGES"
     if command == "search" and dest == "index":
         return "INDEX"
+    if command == "soup":
+        return "MODEL"
     if command in ("info", "embed", "generate", "viz", "plot", "tokenizer", "prepare", "translate", "serve",
                    "sft", "dpo") \
             and dest in OPTION:
