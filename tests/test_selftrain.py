@@ -99,11 +99,12 @@ def test_self_training_trains_a_teacher_then_a_fresh_model_on_its_confident_span
     assert "--self-train 3: first the teacher, a plain fine-tune of the 535 labeled examples" in printed.err
     assert f"train {summary['train_examples']} examples (535 labeled + {info['span_examples']} spans" in printed.err
     assert attnlab.load(out).config.classifier_pooling == "mean"  # the kept model is the student, in --output
-    # no flag (no default turns it on) or --self-train 0: none of it runs
+    # no flag (no default turns it on) or --self-train 0: none of it runs (--teacher none: at 535 examples the
+    # default rule would take the packaged LM teacher, another test's subject)
     for extra in ([], ["--self-train", "0"]):
         plain = tmp_path / "plain"
         assert main(["finetune", "sst2", "--model", str(st_tiny), "--train", str(train), "--output", str(plain),
-                     "--max-length", "32", "--no-progress", *extra]) == 0
+                     "--max-length", "32", "--no-progress", "--teacher", "none", *extra]) == 0
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert "self_training" not in summary and summary["train_examples"] == 535
         assert not (plain / "teacher").exists()

@@ -53,7 +53,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
              save_every: int = 0, resume: bool = False, parallel: str = "ddp",
              lora: dict | None = None, pooling: str | None = None, head_init: str | None = None,
              setfit_steps: int | None = None, setfit_pairs: str = "all", compile: bool = False,
-             precision: str = "fp32", max_minutes: float | None = None, layer_decay: float = 1.0,
+             precision: str | None = None, max_minutes: float | None = None, layer_decay: float = 1.0,
              ema: float = 0.0, test_file: str | Path | None = None, self_train: int | None = None,
              self_distill: float = 0.0, splits: tuple | None = None, teacher: str | None = None) -> dict:
     """Fine-tune `model` on `task`; the best checkpoint (by the task's main metric on the validation
@@ -69,7 +69,8 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     of COMPILE_PAD tokens so that only a few shapes get compiled.
     precision: "bf16" runs forward and backward under bf16 autocast (train.precision of the Trainer; weights,
     gradients and AdamW stay fp32); fast only where the CPU has AVX512-BF16/AMX (a warning otherwise). "auto" is
-    bf16 where the hardware has it, else fp32; the summary's "precision" says which ran.
+    bf16 where the hardware has it, else fp32; the summary's "precision" says which ran. None: "auto" for the
+    student of an LM teacher (as fast, and as accurate, measured), else "fp32".
     max_minutes: a time budget (train.max_minutes of the Trainer): training stops after it, evaluates, and the best
     model so far is what `output` holds; the summary says stopped_by_time. The schedule stays planned for `epochs`.
     layer_decay: < 1 gives each layer below the top that factor of the learning rate of the one above it, the
@@ -218,6 +219,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
                                                       output=output / "teacher", seed=seed, progress=progress)
         train_ex, teacher_info["why"] = train_ex + copies, teacher_why
         epochs, batch_size = (epochs if epochs_given else STUDENT_EPOCHS), (batch_size if batch_given else SMALL_BATCH)
+    precision = precision or ("auto" if lm_teacher else "fp32")
     epochs, batch_size, lr = default_schedule(len(train_ex), epochs, batch_size, lr,
                                               epochs_given=epochs_given or setfit_rule or bool(lm_teacher),
                                               batch_given=batch_given or bool(lm_teacher), lr_given=lr_given)

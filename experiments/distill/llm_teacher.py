@@ -83,6 +83,9 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--freeze-layers", type=int, default=0,
                     help="freeze the embeddings and the bottom N layers (backward stops at layer N)")
+    ap.add_argument("--keep-layers", type=int, default=0,
+                    help="keep only the bottom N decoder layers (under the final norm and the label rows): a cheaper teacher")
+    ap.add_argument("--layers", default="", help="keep only these decoder layers, e.g. 0-11,27-29 (0-based ranges)")
     ap.add_argument("--no-zero-shot", action="store_true", help="skip scoring the untrained prompt on --held")
     ap.add_argument("--save-model", metavar="DIR", help="also save the fine-tuned teacher (attnlab.save)")
     ap.add_argument("--label", metavar="TSV", action="append", default=[],
@@ -99,6 +102,13 @@ def main() -> int:
     lm = attnlab.load(a.model)
     tok = attnlab.load_tokenizer(a.model)
     label_ids = label_token_ids(tok, ["negative", "positive"], a.model)
+    if a.keep_layers:
+        lm.backbone.layers = lm.backbone.layers[:a.keep_layers]
+        lm.config.num_layers = a.keep_layers
+    if a.layers:
+        keep = [i for part in a.layers.split(",") for i in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+        lm.backbone.layers = torch.nn.ModuleList(lm.backbone.layers[i] for i in keep)
+        lm.config.num_layers = len(keep)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     clf = PromptClassifier(lm, label_ids, a.freeze_layers)
 
