@@ -56,8 +56,8 @@ Defaults that follow the data (each flag given explicitly wins):
               and after the full file's single epoch it changed nothing (84.2% vs 84.3%, 89.6% both); over 3
               epochs of the full file, best of 9 evaluations 91.3% vs 90.7%. --layer-decay F (lower layers
               learn slower): no gain measured at 1,000 sentences or on the full file. `attnlab soup` averages
-              the weights of runs of several seeds (a model soup): three plain full-file runs (90.29% on
-              average) gave 91.40%; at 1,000 sentences +0.1 to +0.6 for three runs' time.
+              the weights of runs of several seeds (a model soup): two sets of three plain full-file runs gave
+              91.40% and 90.60% (+1.1 and +0.6 over their runs); at 1,000 sentences +0.1 to +0.6.
   (MiniLM, SST-2, no flag but --train, scored on 872 clean held-out sentences: 250 sentences 83.3%,
   81.4% and 81.4% (three draws), 1,000 sentences 84.75% over 3 draws x 3 seeds (the LM teacher), the full
   file 89.2% in one epoch. The README's fine-tuning
