@@ -157,7 +157,8 @@ def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str
     copied = class_logits(clf, enc(copies), pad, precision) if copies else torch.empty(0, len(label_words))
     fit = (own.argmax(-1) == torch.tensor(y)).float().mean().item() * 100
     info = {"teacher": teacher, "steps": total, "epochs": epochs, "lr": lr, "batch_size": batch_size,
-            "layers": lm.config.num_layers, "freeze_layers": freeze_layers, "precision": precision, "train_fit": round(fit, 2),
+            "layers": lm.config.num_layers, "freeze_layers": freeze_layers, "precision": precision,
+            "train_fit": round(fit, 2),
             "copies": len(copies), "train_s": round(t1 - t0, 1), "label_s": round(time.time() - t1, 1)}
     print(f"{name}: the teacher fits {fit:.1f}% of the training sentences and labeled {len(copies)} augmented "
           f"copies ({info['train_s']:.0f} s training, {info['label_s']:.0f} s labeling)", file=sys.stderr, flush=True)

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 import attnlab
 from attnlab.nn.precision import tune_malloc
 # the classifier `finetune --teacher` trains
-from attnlab.tasks.prompt_teacher import PromptClassifier, class_logits, label_token_ids, prompt_batch
+from attnlab.tasks.prompt_teacher import (PromptClassifier, class_logits, label_token_ids, prompt_batch,
+                                          truncate_layers)
 from attnlab.tasks.prompting import kshot_prompt  # the zero-shot prompt of `attnlab evaluate-prompting`
 
 
@@ -103,8 +104,7 @@ def main() -> int:
     tok = attnlab.load_tokenizer(a.model)
     label_ids = label_token_ids(tok, ["negative", "positive"], a.model)
     if a.keep_layers:
-        lm.backbone.layers = lm.backbone.layers[:a.keep_layers]
-        lm.config.num_layers = a.keep_layers
+        truncate_layers(lm, a.keep_layers)  # what `finetune`'s teacher does (TEACHER_LAYERS)
     if a.layers:
         keep = [i for part in a.layers.split(",") for i in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
         lm.backbone.layers = torch.nn.ModuleList(lm.backbone.layers[i] for i in keep)
