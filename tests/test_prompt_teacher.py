@@ -12,6 +12,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.data.augment import augmented_copies
+from attnlab.objectives.distill import soft_target_loss
 from attnlab.tasks.defaults import SETFIT_BELOW, TEACHER_BELOW, TEACHER_COPIES, teacher_helps
 from attnlab.tasks.prompt_teacher import PromptClassifier, class_logits, label_token_ids, soft_label_loss
 
@@ -79,6 +80,19 @@ def test_the_soft_label_loss_mixes_the_labels_and_the_teacher():
     torch.testing.assert_close(soft_label_loss(0.0, 2.0)(net, other), out.loss)
 
 
+def test_a_bf16_student_reads_the_teacher_logits_in_fp32():
+    class Fixed(torch.nn.Module):   # a bf16 student: its logits and loss come out in bf16
+        def forward(self, input_ids, labels):
+            return type("Out", (), {"logits": torch.zeros(1, 2, dtype=torch.bfloat16),
+                                    "loss": torch.zeros((), dtype=torch.bfloat16)})()
+    batch = {"input_ids": torch.zeros(1, 1, dtype=torch.long), "labels": torch.zeros(1, dtype=torch.long),
+             "soft_labels": torch.tensor([[0.0, 1.001]])}   # 1.001 is 1.0 in bf16
+    got = soft_label_loss(1.0, 1.0)(Fixed(), batch)
+    want = soft_target_loss(torch.zeros(1, 2), torch.tensor([[0.0, 1.001]]), 1.0)
+    torch.testing.assert_close(got.float(), want)
+    assert got.float() != soft_target_loss(torch.zeros(1, 2), torch.tensor([[0.0, 1.0]]), 1.0)
+
+
 def test_the_hint_applies_between_its_bounds_only_where_it_applies():
     assert (SETFIT_BELOW, TEACHER_BELOW) == (500, 2000)
     assert teacher_helps(900, True) and teacher_helps(500, True) and teacher_helps(1999, True)
@@ -142,6 +156,18 @@ def test_finetune_with_a_teacher_trains_on_its_copies_and_soft_targets(models, d
         _teacher_rule(get_task("sst2"), str(tmp_path / "absent"), 900, True, True)
 
 
+
+def test_the_teachers_label_smoothing_changes_its_training(models, tmp_path):
+    from attnlab.tasks.prompt_teacher import teach
+    _, teacher = models
+    texts = ["a fine film", "dull and long", "warm , funny work", "a mess"] * 4
+    labels = [1, 0, 1, 0] * 4
+    run = lambda s: teach(texts, labels, ["negative", "positive"], "Review: {text}\nSentiment:", copies=[],  # noqa: E731
+                          output=tmp_path / f"s{s}", teacher=str(teacher), epochs=2, smoothing=s, progress=False)
+    plain, smooth, again = run(0.0), run(0.5), run(0.0)
+    torch.testing.assert_close(plain[0], again[0])               # deterministic, so a difference is the smoothing
+    assert not torch.allclose(plain[0], smooth[0]) and smooth[2]["smoothing"] == 0.5
+
 @pytest.mark.parametrize("installed", [True, False])
 def test_without_a_teacher_the_rule_takes_the_packaged_one_where_it_was_measured(models, tmp_path, capsys,
                                                                                  monkeypatch, installed):
@@ -175,6 +201,7 @@ def test_no_flags_beyond_train_take_the_teacher_and_a_bf16_student_where_the_cpu
     summary = json.loads(out)
     assert summary["teacher"]["why"].startswith("the default rule:"), err
     assert summary["teacher"]["lr"] == 1e-4 and summary["precision"] == resolve_precision("auto")
+    assert summary["teacher"]["smoothing"] == 0.1
     assert summary["train_examples"] == summary["teacher"]["labeled_examples"] + summary["teacher"]["copies"]
     # --teacher none (or any hand-chosen schedule) is the plain fine-tune, in fp32
     assert main(["finetune", "sst2", "--model", str(st), "--train", str(train), "--output", str(tmp_path / "b"),

@@ -109,12 +109,13 @@ def class_logits(clf: PromptClassifier, encoded: list[list[int]], pad: int, prec
 
 def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str], template: str, *,
           copies: list[str], output: str | Path, teacher: str = TEACHER, epochs: float = 1.0, lr: float = 3e-5,
-          batch_size: int = 16, freeze_share: float = 0.0, keep_layers: int = 0, seed: int = 42,
-          progress: bool = True, name: str = "finetune") -> tuple[torch.Tensor, torch.Tensor, dict]:
+          batch_size: int = 16, freeze_share: float = 0.0, keep_layers: int = 0, smoothing: float = 0.0,
+          seed: int = 42, progress: bool = True, name: str = "finetune") -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Fine-tune `teacher` as a prompt classifier on (texts, labels: class indices into `label_words`), then
     return its logits for `texts` and for `copies` (each (n, classes)), and what the summary says of it.
     `keep_layers` (0: all): the teacher is its bottom `keep_layers` layers under its own final norm and label rows.
-    `freeze_share` of the (kept) layers (the bottom ones, rounded) and its embeddings stay frozen.
+    `freeze_share` of the (kept) layers (the bottom ones, rounded) and its embeddings stay frozen. `smoothing`:
+    label smoothing of its cross-entropy (Szegedy et al. 2016), which keeps its logits on the copies from saturating.
     The Trainer's log of the teacher's run goes to `output`."""
     from ..interop import load, load_tokenizer
     from ..nn.precision import resolve_precision
@@ -146,9 +147,11 @@ def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str
     print(f"{name}: the teacher, {teacher} as a prompt classifier ({template!r} -> "
           f"{' / '.join(label_words)}{kept}"
           f"{f', bottom {freeze_layers} layers frozen' if freeze_layers else ''}): "
-          f"{total} steps = {epochs:g} epochs of {len(data)} batches of {batch_size}, lr {lr:g}",
+          f"{total} steps = {epochs:g} epochs of {len(data)} batches of {batch_size}, lr {lr:g}"
+          f"{f', label smoothing {smoothing:g}' if smoothing else ''}",
           file=sys.stderr, flush=True)
-    loss = lambda model, b: F.cross_entropy(model(b["input_ids"], b["attention_mask"]).float(), b["labels"])  # noqa: E731
+    loss = lambda model, b: F.cross_entropy(model(b["input_ids"], b["attention_mask"]).float(), b["labels"],  # noqa: E731
+                                            label_smoothing=smoothing)
     trainer = Trainer(clf, args, data, loss_fn=loss)
     trainer.train()
     precision = resolve_precision("auto", trainer.device.type)
@@ -157,7 +160,7 @@ def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str
     copied = class_logits(clf, enc(copies), pad, precision) if copies else torch.empty(0, len(label_words))
     fit = (own.argmax(-1) == torch.tensor(y)).float().mean().item() * 100
     info = {"teacher": teacher, "steps": total, "epochs": epochs, "lr": lr, "batch_size": batch_size,
-            "layers": lm.config.num_layers, "freeze_layers": freeze_layers, "precision": precision,
+            "layers": lm.config.num_layers, "freeze_layers": freeze_layers, "smoothing": smoothing, "precision": precision,
             "train_fit": round(fit, 2),
             "copies": len(copies), "train_s": round(t1 - t0, 1), "label_s": round(time.time() - t1, 1)}
     print(f"{name}: the teacher fits {fit:.1f}% of the training sentences and labeled {len(copies)} augmented "
@@ -172,7 +175,7 @@ def teacher_examples(task, train_ex: list[dict], labels: list[str], *, teacher: 
     `train_ex` + copies, in that order, columns in the order of `labels`; and the summary's record of it."""
     from ..data.augment import augmented_copies
     from .defaults import (TEACHER_COPIES, TEACHER_COPIES_LONG, TEACHER_EPOCHS, TEACHER_FREEZE, TEACHER_LAYERS,
-                           TEACHER_LR)
+                           TEACHER_LR, TEACHER_SMOOTH)
     template, words = task.prompt
     unknown = [label for label in labels if label not in words]
     if unknown:
@@ -183,7 +186,7 @@ def teacher_examples(task, train_ex: list[dict], labels: list[str], *, teacher: 
     own, copied, info = teach(texts, [labels.index(ex["label"]) for ex in train_ex], [words[k] for k in labels],
                               template, copies=[t for _, t in copies], output=output, teacher=teacher,
                               epochs=TEACHER_EPOCHS, lr=TEACHER_LR, freeze_share=TEACHER_FREEZE,
-                              keep_layers=TEACHER_LAYERS, seed=seed,
+                              keep_layers=TEACHER_LAYERS, smoothing=TEACHER_SMOOTH, seed=seed,
                               progress=progress, name=f"finetune {task.name}")
     examples = [{"texts": [t], "label": labels[int(row.argmax())], "source": "teacher-labeled copies", "line": j + 1}
                 for j, ((_, t), row) in enumerate(zip(copies, copied))]
@@ -201,7 +204,9 @@ def soft_label_loss(kd: float, temperature: float):
     def loss(model, batch: dict) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "soft_labels"}
         out = model(**inputs)
-        return (1 - kd) * out.loss + kd * soft_target_loss(out.logits, batch["soft_labels"].to(out.logits), temperature)
+        # the teacher's logits keep their fp32 (a bf16 student would round them to 3 digits)
+        soft = batch["soft_labels"].to(out.logits.device)
+        return (1 - kd) * out.loss + kd * soft_target_loss(out.logits, soft, temperature)
     return loss
 
 
