@@ -162,8 +162,10 @@ def test_the_teachers_label_smoothing_changes_its_training(models, tmp_path):
     _, teacher = models
     texts = ["a fine film", "dull and long", "warm , funny work", "a mess"] * 4
     labels = [1, 0, 1, 0] * 4
-    run = lambda s: teach(texts, labels, ["negative", "positive"], "Review: {text}\nSentiment:", copies=[],  # noqa: E731
-                          output=tmp_path / f"s{s}", teacher=str(teacher), epochs=2, smoothing=s, progress=False)
+
+    def run(s):
+        return teach(texts, labels, ["negative", "positive"], "Review: {text}\nSentiment:", copies=[],
+                     output=tmp_path / f"s{s}", teacher=str(teacher), epochs=2, smoothing=s, progress=False)
     plain, smooth, again = run(0.0), run(0.5), run(0.0)
     torch.testing.assert_close(plain[0], again[0])               # deterministic, so a difference is the smoothing
     assert not torch.allclose(plain[0], smooth[0]) and smooth[2]["smoothing"] == 0.5

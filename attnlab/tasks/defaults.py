@@ -33,19 +33,18 @@ SMALL_LR = 1e-4
 SETFIT_BELOW = 500
 # The LM teacher (tasks/prompt_teacher.py): SmolLM2-135M, cut to its bottom TEACHER_LAYERS of 30 layers, fine-tuned
 # as a prompt classifier (TEACHER_EPOCHS at TEACHER_LR, batches of 16, label smoothing TEACHER_SMOOTH), labels
-# TEACHER_COPIES augmented copies of
-# each sentence (data/augment.py); the student trains STUDENT_EPOCHS in batches of 16 on the sentences and the copies,
-# on (1 - TEACHER_KD) x the labels' loss + TEACHER_KD x the teacher's soft targets at T = TEACHER_T, in bf16 where the
-# CPU has it. The default rule for SETFIT_BELOW to TEACHER_BELOW examples of SST-2 on a sentence-transformers
+# TEACHER_COPIES augmented copies of each sentence (data/augment.py); the student trains STUDENT_EPOCHS in batches of
+# 16 on the sentences and the copies, on (1 - TEACHER_KD) x the labels' loss + TEACHER_KD x the teacher's soft
+# targets at T = TEACHER_T, in bf16 where the CPU has it. The default rule for SETFIT_BELOW to TEACHER_BELOW examples of SST-2 on a sentence-transformers
 # checkpoint with nothing chosen by hand, when SmolLM2 is installed (experiments/fewlabel/RESULTS.md, Sessions 20-21):
 # at 900 SST-2 sentences 85.05 over nine runs in 249-272 s of two cores (84.75 without the smoothing; the plain
-# fine-tune 83.89 in ~86 s). The whole teacher (30 layers, lr 3e-5) scored 85.49 but took ~460 s; 12 layers fell to 67% on SST-2, one teacher epoch
-# instead of two scored 84.62 in ~200 s.
+# fine-tune 83.89 in ~86 s). The whole teacher (30 layers, lr 3e-5) scored 85.49 but took ~460 s; 12 layers fell
+# to 67% on SST-2, one teacher epoch instead of two scored 84.62 in ~200 s.
 TEACHER_BELOW = SMALL_DATA
 TEACHER_EPOCHS = 2.0
 TEACHER_LR = 1e-4        # the cut teacher starts further from a good classifier: at 3e-5, 87.3 on draw 1
 TEACHER_FREEZE = 0.0     # the share of the teacher's (bottom) layers frozen
-TEACHER_SMOOTH = 0.1     # the teacher's label smoothing: its logits on the copies stay soft (Session 21: +0.28 over 9 runs)
+TEACHER_SMOOTH = 0.1     # the teacher's label smoothing: its logits on the copies stay soft (+0.28 over 9 runs)
 TEACHER_LAYERS = 15      # the teacher keeps its bottom this many layers (0: all)
 TEACHER_COPIES = 7
 TEACHER_COPIES_LONG = 15  # sentences of at least this many words get one copy more

@@ -150,8 +150,9 @@ def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str
           f"{total} steps = {epochs:g} epochs of {len(data)} batches of {batch_size}, lr {lr:g}"
           f"{f', label smoothing {smoothing:g}' if smoothing else ''}",
           file=sys.stderr, flush=True)
-    loss = lambda model, b: F.cross_entropy(model(b["input_ids"], b["attention_mask"]).float(), b["labels"],  # noqa: E731
-                                            label_smoothing=smoothing)
+    def loss(model, b):
+        return F.cross_entropy(model(b["input_ids"], b["attention_mask"]).float(), b["labels"],
+                               label_smoothing=smoothing)
     trainer = Trainer(clf, args, data, loss_fn=loss)
     trainer.train()
     precision = resolve_precision("auto", trainer.device.type)
@@ -160,8 +161,8 @@ def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str
     copied = class_logits(clf, enc(copies), pad, precision) if copies else torch.empty(0, len(label_words))
     fit = (own.argmax(-1) == torch.tensor(y)).float().mean().item() * 100
     info = {"teacher": teacher, "steps": total, "epochs": epochs, "lr": lr, "batch_size": batch_size,
-            "layers": lm.config.num_layers, "freeze_layers": freeze_layers, "smoothing": smoothing, "precision": precision,
-            "train_fit": round(fit, 2),
+            "layers": lm.config.num_layers, "freeze_layers": freeze_layers, "smoothing": smoothing,
+            "precision": precision, "train_fit": round(fit, 2),
             "copies": len(copies), "train_s": round(t1 - t0, 1), "label_s": round(time.time() - t1, 1)}
     print(f"{name}: the teacher fits {fit:.1f}% of the training sentences and labeled {len(copies)} augmented "
           f"copies ({info['train_s']:.0f} s training, {info['label_s']:.0f} s labeling)", file=sys.stderr, flush=True)
