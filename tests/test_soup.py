@@ -29,6 +29,21 @@ def test_average_is_the_mean_and_refuses_what_it_cannot_average():
         average_state_dicts([])
 
 
+def test_average_streams_and_leaves_its_inputs_alone():
+    # `soup` feeds a generator (one run loaded at a time); a float64 input must not become the running sum
+    first = {"w": torch.tensor([1.0, 2.0], dtype=torch.float64)}
+    made = []
+
+    def runs():
+        for scale in (1.0, 2.0, 3.0):
+            made.append(scale)
+            yield first if scale == 1.0 else {"w": first["w"] * scale}
+
+    avg = average_state_dicts(runs())
+    assert made == [1.0, 2.0, 3.0] and torch.equal(avg["w"], torch.tensor([2.0, 4.0], dtype=torch.float64))
+    assert torch.equal(first["w"], torch.tensor([1.0, 2.0], dtype=torch.float64))
+
+
 def _classifiers(tmp_path, seeds, **over):
     dirs = []
     for seed in seeds:

@@ -51,8 +51,8 @@ Defaults that follow the data (each flag given explicitly wins):
               EDA), and the checkpoint trains one epoch in batches of 16 on the sentences and the copies,
               on 0.1 x the labels' loss + 0.9 x the teacher's soft targets (T = 2), in bf16 where the CPU
               has it (precision auto). At 900 SST-2 training sentences (MiniLM, 3 draws x 3 seeds, two
-              cores) it scored 85.05% in 249-272 s, the plain fine-tune 83.89% in ~86 s; the whole 30-layer
-              teacher (lr 3e-5) 85.49% in ~460 s.
+              cores with AVX512-BF16) it scored 85.05% in 249-272 s (~8 min on an AVX2-only CPU, in fp32),
+              the plain fine-tune 83.89% in ~86 s; the whole 30-layer teacher (lr 3e-5) 85.49% in ~460 s.
   averaging   --ema D evaluates and keeps a moving average of the weights. Off by default: at 1,000 sentences
               and after the full file's single epoch it changed nothing (84.2% vs 84.3%, 89.6% both); over 3
               epochs of the full file, best of 9 evaluations 91.3% vs 90.7%. --layer-decay F (lower layers

@@ -35,9 +35,10 @@ SETFIT_BELOW = 500
 # as a prompt classifier (TEACHER_EPOCHS at TEACHER_LR, batches of 16, label smoothing TEACHER_SMOOTH), labels
 # TEACHER_COPIES augmented copies of each sentence (data/augment.py); the student trains STUDENT_EPOCHS in batches of
 # 16 on the sentences and the copies, on (1 - TEACHER_KD) x the labels' loss + TEACHER_KD x the teacher's soft
-# targets at T = TEACHER_T, in bf16 where the CPU has it. The default rule for SETFIT_BELOW to TEACHER_BELOW examples of SST-2 on a sentence-transformers
-# checkpoint with nothing chosen by hand, when SmolLM2 is installed (experiments/fewlabel/RESULTS.md, Sessions 20-21):
-# at 900 SST-2 sentences 85.05 over nine runs in 249-272 s of two cores (84.75 without the smoothing; the plain
+# targets at T = TEACHER_T, in bf16 where the CPU has it. The default rule for SETFIT_BELOW to TEACHER_BELOW examples
+# of SST-2 on a sentence-transformers checkpoint with nothing chosen by hand, when SmolLM2 is installed
+# (experiments/fewlabel/RESULTS.md, Sessions 20-22): at 900 SST-2 sentences 85.05 over nine runs in 249-272 s of two
+# AVX512-BF16 cores (476 s on two AVX2-only cores, all fp32; 84.75 without the smoothing; the plain
 # fine-tune 83.89 in ~86 s). The whole teacher (30 layers, lr 3e-5) scored 85.49 but took ~460 s; 12 layers fell
 # to 67% on SST-2, one teacher epoch instead of two scored 84.62 in ~200 s.
 TEACHER_BELOW = SMALL_DATA

@@ -113,7 +113,8 @@ def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str
           seed: int = 42, progress: bool = True, name: str = "finetune") -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Fine-tune `teacher` as a prompt classifier on (texts, labels: class indices into `label_words`), then
     return its logits for `texts` and for `copies` (each (n, classes)), and what the summary says of it.
-    `keep_layers` (0: all): the teacher is its bottom `keep_layers` layers under its own final norm and label rows.
+    `keep_layers` (0: all): the teacher is its bottom `keep_layers` layers under its own final norm and label rows
+    (a teacher of at most that many layers keeps them all: the default's 15 is no error for a smaller --teacher).
     `freeze_share` of the (kept) layers (the bottom ones, rounded) and its embeddings stay frozen. `smoothing`:
     label smoothing of its cross-entropy (Szegedy et al. 2016), which keeps its logits on the copies from saturating.
     The Trainer's log of the teacher's run goes to `output`."""

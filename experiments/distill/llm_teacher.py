@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab.nn.precision import tune_malloc
+from attnlab.nn.precision import resolve_precision, tune_malloc
 # the classifier `finetune --teacher` trains
 from attnlab.tasks.prompt_teacher import (PromptClassifier, class_logits, label_token_ids, prompt_batch,
                                           truncate_layers)
@@ -66,8 +66,8 @@ def length_buckets(encoded, size: int, rng: random.Random) -> list[int]:
     return [i for c in chunks for i in c]
 
 
-def predict(clf, encoded, pad: int) -> torch.Tensor:
-    return class_logits(clf, encoded, pad, "bf16")
+def predict(clf, encoded, pad: int, precision: str) -> torch.Tensor:
+    return class_logits(clf, encoded, pad, precision)
 
 
 def main() -> int:
@@ -87,6 +87,9 @@ def main() -> int:
     ap.add_argument("--keep-layers", type=int, default=0,
                     help="keep only the bottom N decoder layers (under the final norm and the label rows): a cheaper teacher")
     ap.add_argument("--layers", default="", help="keep only these decoder layers, e.g. 0-11,27-29 (0-based ranges)")
+    ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="bf16 autocast, fp32, or auto (default): bf16 only where the CPU has it natively; on an "
+                         "AVX2-only CPU bf16 is emulated and several times slower than fp32")
     ap.add_argument("--no-zero-shot", action="store_true", help="skip scoring the untrained prompt on --held")
     ap.add_argument("--save-model", metavar="DIR", help="also save the fine-tuned teacher (attnlab.save)")
     ap.add_argument("--label", metavar="TSV", action="append", default=[],
@@ -110,6 +113,7 @@ def main() -> int:
         lm.backbone.layers = torch.nn.ModuleList(lm.backbone.layers[i] for i in keep)
         lm.config.num_layers = len(keep)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    precision = resolve_precision(a.precision, "cpu")
     clf = PromptClassifier(lm, label_ids, a.freeze_layers)
 
     every, held = read_tsv(a.train), read_tsv(a.held)
@@ -121,7 +125,7 @@ def main() -> int:
     held_y = torch.tensor([y for _, y in held])
 
     def held_acc() -> float:
-        return (predict(clf, held_enc, pad).argmax(-1) == held_y).float().mean().item() * 100
+        return (predict(clf, held_enc, pad, precision).argmax(-1) == held_y).float().mean().item() * 100
 
     t0 = time.time()
     zero_shot = None if a.no_zero_shot else round(held_acc(), 2)
@@ -145,7 +149,7 @@ def main() -> int:
             if step >= total:
                 break
             clf.train()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 logits = clf(ids, mask)
             loss = F.cross_entropy(logits.float(), tr_y[idx])
             loss.backward()
@@ -169,12 +173,12 @@ def main() -> int:
         attnlab.save(lm, a.save_model)
     t1 = time.time()
     summary = {"model": a.model, "train": a.train, "lines": len(train), "epochs": a.epochs, "lr": a.lr,
-               "steps": total, "zero_shot_held": zero_shot, "final_held": round(final, 2),
+               "steps": total, "precision": precision, "zero_shot_held": zero_shot, "final_held": round(final, 2),
                "train_s": round(train_s)}
     jobs = [] if a.no_train_logits else [("teacher_logits.pt", every, tr_enc if len(train) == len(every) else None)]
     jobs += [(Path(f).stem + "_logits.pt", rows, None) for f, rows in extra.items()]
     for name, rows, encoded in jobs:
-        logits = predict(clf, encoded if encoded is not None else enc(rows), pad)
+        logits = predict(clf, encoded if encoded is not None else enc(rows), pad, precision)
         tmp = out / (name + ".tmp")
         torch.save({"sentences": [s for s, _ in rows], "logits": logits}, tmp)
         tmp.replace(out / name)
