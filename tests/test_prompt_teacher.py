@@ -39,7 +39,7 @@ def test_copies_are_seeded_new_and_point_at_their_source():
         augmented_copies(TEXTS, 1, min_words=1)
 
 
-def test_the_classifier_reads_the_label_words_next_token_logits_at_the_last_real_token():
+def test_the_classifier_reads_the_label_words_next_token_logits_at_the_last_real_token(capsys):
     tok = smol_tokenizer()
     torch.manual_seed(0)
     lm = attnlab.from_config(tiny_llama_config(len(tok))).eval()
@@ -47,6 +47,11 @@ def test_the_classifier_reads_the_label_words_next_token_logits_at_the_last_real
     clf = PromptClassifier(lm, ids)
     rows = [tok.encode(f"Review: {t}\nSentiment:", add_special_tokens=False) for t in TEXTS]
     got = class_logits(clf, rows, pad=tok.pad_token_id, batch_size=3)   # right-padded batches of mixed length
+    # the labeling's progress bar counts sentences (the default teacher labels ~7,700 for minutes)
+    barred = class_logits(clf, rows, pad=tok.pad_token_id, batch_size=3, progress=True, desc="teacher: the copies")
+    assert torch.equal(barred, got)
+    err = capsys.readouterr().err
+    assert "teacher: the copies" in err and "0/5 [" in err   # its total: the 5 sentences
     with torch.no_grad():
         for r, row in enumerate(rows):
             want = lm(torch.tensor([row])).logits[0, -1, ids]
