@@ -252,3 +252,18 @@ def test_an_option_the_run_would_not_read_is_refused_before_any_work(argv, messa
     last = capsys.readouterr().err.strip().splitlines()[-1]  # (a CPU without bf16 warns first of --precision bf16)
     assert last == f"attnlab finetune: error: {message} (see finetune --help for what it takes)"
     assert not (tmp_path / "o").exists()
+
+
+def test_saying_what_the_run_does_anyway_is_no_error():
+    # translation trains in fp32, so `--precision fp32` is true of it: refused only for a value it would not honour
+    from attnlab.cli.finetune import _refuse_unread
+    from attnlab.cli import build_parser
+    args = build_parser().parse_args(["finetune", "translation", "--precision", "fp32", "--output", "o"])
+    _refuse_unread(args, "translation")
+    args = build_parser().parse_args(["finetune", "sst2", "--model", "t5-small", "--text-to-text",
+                                      "--precision", "fp32", "--output", "o"])
+    _refuse_unread(args, "text-to-text")
+    args = build_parser().parse_args(["finetune", "sst2", "--model", "t5-small", "--text-to-text",
+                                      "--precision", "auto", "--output", "o"])
+    with pytest.raises(ValueError, match="does not read --precision"):
+        _refuse_unread(args, "text-to-text")

@@ -150,7 +150,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bf16: forward and backward under bf16 autocast, weights and AdamW in fp32 (faster where "
                         "the CPU has AVX512-BF16 or AMX: see lscpu; emulated and slower elsewhere, with a warning); "
                         "auto: bf16 where the CPU (or GPU) has it, else fp32 (default fp32: the measured tables; "
-                        "auto for the student of the LM teacher)")
+                        "auto for the student of the LM teacher; --text-to-text and translation train in fp32 "
+                        "only)")
     p.add_argument("--layer-decay", type=_layer_decay, default=1.0, metavar="F",
                    help="layer-wise learning-rate decay: the top layer and the head learn at --lr, each layer below "
                         "at F times the one above, the embeddings lowest (ELECTRA; default 1: one rate everywhere)")
@@ -241,13 +242,17 @@ _NOT_READ = {
 }
 
 
+# What those runs do anyway: saying it is no error (text-to-text and translation train in fp32, nothing else).
+_WHAT_RUNS = {"precision": "fp32"}
+
+
 class UnreadOption(ValueError):
     exit_status = 2  # a usage error, like argparse's
 
 
 def _refuse_unread(args: argparse.Namespace, kind: str) -> None:
     unread = [f"--{name.replace('_', '-')}" for name, default in _NOT_READ[kind].items()
-              if getattr(args, name, default) != default]
+              if getattr(args, name, default) not in (default, _WHAT_RUNS.get(name, default))]
     if unread:
         what = {"encoder": f"finetune {args.task}", "text-to-text": f"finetune {args.task} --text-to-text",
                 "translation": "finetune translation"}[kind]
