@@ -87,6 +87,9 @@ def main() -> int:
     ap.add_argument("--keep-layers", type=int, default=0,
                     help="keep only the bottom N decoder layers (under the final norm and the label rows): a cheaper teacher")
     ap.add_argument("--layers", default="", help="keep only these decoder layers, e.g. 0-11,27-29 (0-based ranges)")
+    ap.add_argument("--smoothing", type=float, default=0.0,
+                    help="label smoothing of the teacher's cross-entropy (finetune's teacher uses 0.1: its logits "
+                         "stay soft)")
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="bf16 autocast, fp32, or auto (default): bf16 only where the CPU has it natively; on an "
                          "AVX2-only CPU bf16 is emulated and several times slower than fp32")
@@ -151,7 +154,7 @@ def main() -> int:
             clf.train()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 logits = clf(ids, mask)
-            loss = F.cross_entropy(logits.float(), tr_y[idx])
+            loss = F.cross_entropy(logits.float(), tr_y[idx], label_smoothing=a.smoothing)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
@@ -173,7 +176,7 @@ def main() -> int:
         attnlab.save(lm, a.save_model)
     t1 = time.time()
     summary = {"model": a.model, "train": a.train, "lines": len(train), "epochs": a.epochs, "lr": a.lr,
-               "steps": total, "precision": precision, "zero_shot_held": zero_shot, "final_held": round(final, 2),
+               "steps": total, "smoothing": a.smoothing, "precision": precision, "zero_shot_held": zero_shot, "final_held": round(final, 2),
                "train_s": round(train_s)}
     jobs = [] if a.no_train_logits else [("teacher_logits.pt", every, tr_enc if len(train) == len(every) else None)]
     jobs += [(Path(f).stem + "_logits.pt", rows, None) for f, rows in extra.items()]

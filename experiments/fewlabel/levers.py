@@ -124,7 +124,8 @@ def install(lev: dict) -> None:
                 t = torch.stack([table[tuple(i for i, m in zip(r, mr) if m)] for r, mr in zip(ids, mask)])
             except KeyError as e:
                 raise SystemExit(f"a training sentence has no teacher logits in {lev['teacher_logits']}") from e
-            return (1 - lev["kd"]) * out.loss + lev["kd"] * soft_target_loss(out.logits, t.to(out.logits), temp)
+            # fp32 targets: .to(out.logits) rounded them to a bf16 student's dtype (the kd students of Sessions 17-21)
+            return (1 - lev["kd"]) * out.loss + lev["kd"] * soft_target_loss(out.logits, t.to(out.logits.device), temp)
     elif lev.get("kd"):
         dirs = lev["teacher"] if isinstance(lev["teacher"], list) else [lev["teacher"]]
         teachers = [ft._load_for_eval(ft.get_task("sst2"), d)[0].eval().requires_grad_(False) for d in dirs]
