@@ -13,8 +13,8 @@ from attnlab.nn import AttentionMask, scaled_dot_product_attention
 from attnlab.nn.cpu_attention import causal_attention
 from attnlab.nn.quantized import kernels
 
-pytestmark = pytest.mark.skipif(kernels() is None or not kernels().causal_attention_supported(),
-                                reason="needs a C compiler and a CPU with AVX512-BF16")
+HAS_KERNEL = kernels() is not None and kernels().causal_attention_supported()
+needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason="needs a C compiler and a CPU with AVX512-BF16")
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +32,7 @@ def _qkv(b, h, hk, t, d, seed=0, model_layout=True):
     return [torch.randn(b, n, t, d, generator=gen).bfloat16() for n in (h, hk, hk)]
 
 
+@needs_kernel
 @pytest.mark.parametrize("shape", [(4, 9, 3, 512, 64), (2, 4, 4, 200, 128), (1, 6, 2, 129, 64),
                                    (3, 8, 1, 300, 64), (1, 2, 1, 131, 64)])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -56,6 +57,7 @@ def test_equal_to_the_fp32_answer_as_closely_as_torchs_bf16_kernel(shape, thread
     torch.testing.assert_close(ours[:, :, 0].float(), v.repeat_interleave(h // hk, 1)[:, :, 0].float())
 
 
+@needs_kernel
 def test_scaled_dot_product_attention_uses_it_for_long_bf16_inference(monkeypatch):
     calls = []
     monkeypatch.setattr(A, "causal_attention", lambda *a: calls.append(1) or causal_attention(*a))
@@ -68,6 +70,7 @@ def test_scaled_dot_product_attention_uses_it_for_long_bf16_inference(monkeypatc
     assert calls == [1]
 
 
+@needs_kernel
 def test_it_stands_aside_where_it_must(monkeypatch):
     q, k, v = _qkv(1, 4, 2, 160, 64)
     assert causal_attention(q, k, v, 0.125) is not None
@@ -81,6 +84,7 @@ def test_it_stands_aside_where_it_must(monkeypatch):
     assert causal_attention(q, k, v, 0.125) is None
 
 
+@needs_kernel
 def test_a_bf16_llama_forward_is_the_same_with_and_without_it(monkeypatch):
     cfg = preset("mistral-7b", vocab_size=300, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
                  intermediate_size=256, dropout=0.0, attention_dropout=0.0, sliding_window=None)  # LLaMA's mask
@@ -94,3 +98,14 @@ def test_a_bf16_llama_forward_is_the_same_with_and_without_it(monkeypatch):
     monkeypatch.setattr(A, "causal_attention", lambda *a: None)
     without = model(input_ids=ids).logits.float()
     assert (with_kernel - without).abs().mean() < 0.02 * without.abs().mean()
+
+
+def test_on_any_cpu_it_runs_only_where_the_kernel_is_and_attention_stays_torchs_elsewhere():
+    # an AVX2-only CPU (no bf16 dot products) must take torch's kernel with no error and the same answer
+    q, k, v = _qkv(1, 4, 2, 300, 64)
+    assert (causal_attention(q, k, v, 0.125) is not None) == HAS_KERNEL
+    causal = AttentionMask(None, is_causal=True)
+    got, _ = scaled_dot_product_attention(q, k, v, causal)
+    want = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(2, 1),
+                                          v.float().repeat_interleave(2, 1), is_causal=True)
+    assert (got.float() - want).abs().max() < 0.05

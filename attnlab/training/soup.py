@@ -51,8 +51,8 @@ def average_state_dicts(states: Iterable[dict], names: Iterable[str] | None = No
 def soup(directories: Sequence[str | Path], output: str | Path):
     """Average the models saved in `directories` (any layout `attnlab.load` reads; same architecture, config
     and labels) into `output` (weights written atomically, the first directory's tokenizer beside them).
-    The runs are loaded one at a time, so memory is about three models' whatever their number. Returns the
-    averaged model."""
+    The runs are loaded one at a time, so memory stays about four models' worth (the first, the float64
+    sums, the one being read) whatever their number. Returns the averaged model."""
     from ..interop import load, load_tokenizer, save
     directories = [Path(d) for d in directories]
     if len(directories) < 2:
