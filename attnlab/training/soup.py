@@ -7,8 +7,8 @@ scoring 90.60 / 89.68 / 90.60 average to 91.40, above their softmax ensemble's 9
 """
 from __future__ import annotations
 
-from pathlib import Path
 import itertools
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
@@ -20,14 +20,13 @@ def average_state_dicts(states: Iterable[dict], names: Iterable[str] | None = No
     index) must be equal in all of them. `names` say which source is which in the errors. `states` may be a
     generator: one state is held at a time, beside the float64 sums."""
     names = iter(names) if names is not None else (f"model {i}" for i in itertools.count())
-    sums: dict = {}
-    first_name, count = None, 0
+    sums, dtypes, first_name, count = {}, {}, "", 0
     for state, name in zip(states, names):
-        if first_name is None:
+        count += 1
+        if count == 1:
             first_name = name
             sums = {k: v.to(torch.float64, copy=True) if v.is_floating_point() else v.clone() for k, v in state.items()}
             dtypes = {k: v.dtype for k, v in state.items()}
-            count = 1
             continue
         if set(state) != set(sums):
             missing, extra = sorted(set(sums) - set(state)), sorted(set(state) - set(sums))
@@ -42,7 +41,6 @@ def average_state_dicts(states: Iterable[dict], names: Iterable[str] | None = No
                 total += value.to(device=total.device, dtype=torch.float64)
             elif not torch.equal(value.to(total.device), total):
                 raise ValueError(f"{name}: {key} ({dtypes[key]}) differs from {first_name}'s and cannot be averaged")
-        count += 1
     if not count:
         raise ValueError("a soup needs at least one model")
     return {k: (v / count).to(dtypes[k]) if dtypes[k].is_floating_point else v for k, v in sums.items()}

@@ -66,10 +66,6 @@ def length_buckets(encoded, size: int, rng: random.Random) -> list[int]:
     return [i for c in chunks for i in c]
 
 
-def predict(clf, encoded, pad: int, precision: str) -> torch.Tensor:
-    return class_logits(clf, encoded, pad, precision)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", required=True)
@@ -128,7 +124,7 @@ def main() -> int:
     held_y = torch.tensor([y for _, y in held])
 
     def held_acc() -> float:
-        return (predict(clf, held_enc, pad, precision).argmax(-1) == held_y).float().mean().item() * 100
+        return (class_logits(clf, held_enc, pad, precision).argmax(-1) == held_y).float().mean().item() * 100
 
     t0 = time.time()
     zero_shot = None if a.no_zero_shot else round(held_acc(), 2)
@@ -176,12 +172,13 @@ def main() -> int:
         attnlab.save(lm, a.save_model)
     t1 = time.time()
     summary = {"model": a.model, "train": a.train, "lines": len(train), "epochs": a.epochs, "lr": a.lr,
-               "steps": total, "smoothing": a.smoothing, "precision": precision, "zero_shot_held": zero_shot, "final_held": round(final, 2),
+               "steps": total, "smoothing": a.smoothing, "precision": precision, "zero_shot_held": zero_shot,
+               "final_held": round(final, 2),
                "train_s": round(train_s)}
     jobs = [] if a.no_train_logits else [("teacher_logits.pt", every, tr_enc if len(train) == len(every) else None)]
     jobs += [(Path(f).stem + "_logits.pt", rows, None) for f, rows in extra.items()]
     for name, rows, encoded in jobs:
-        logits = predict(clf, encoded if encoded is not None else enc(rows), pad, precision)
+        logits = class_logits(clf, encoded if encoded is not None else enc(rows), pad, precision)
         tmp = out / (name + ".tmp")
         torch.save({"sentences": [s for s, _ in rows], "logits": logits}, tmp)
         tmp.replace(out / name)
