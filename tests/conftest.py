@@ -14,6 +14,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs two workers) each worker takes its share of the cores: torch's
+    default of one thread per core in every worker would oversubscribe them and slow both."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers > 1:
+        import torch
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // workers))
+
+
 def data_root() -> Path:
     return Path(os.environ.get("ATTNLAB_DATA", REPO.parent / "shared" / "data"))
 
