@@ -21,8 +21,7 @@ def pytest_configure(config):
     if workers > 1:
         import torch
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, cores // workers))
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))  # torch's default: the cores it may use
 
 
 def data_root() -> Path:
