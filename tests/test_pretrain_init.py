@@ -177,3 +177,24 @@ def test_embedding_init_ppmi_starts_from_the_corpus_vectors(corpus: Path, tmp_pa
     assert np.abs(got - expected).max() < 1e-4     # one step at lr 1e-9 moves nothing visible
     with pytest.raises(ConfigError, match="embedding_init"):
         _run(corpus, tmp_path / "bad", *TINY, "model.embedding_init=glove")
+
+
+def test_init_from_a_sentence_transformers_checkpoint_keeps_its_pooling(corpus, tmp_path):
+    """A task-adaptive MLM run from all-MiniLM-L6-v2 used to save a plain BERT checkpoint, so finetune read
+    it with [CLS] pooling while MiniLM itself is read with the mean: the two could not be compared."""
+    from attnlab.interop.local import sentence_pooling
+    _run(corpus, tmp_path / "src", *TINY)
+    source = tmp_path / "src" / "model"
+    assert sentence_pooling(source) is None
+    _run(corpus, tmp_path / "plain", f"model.init_from={source}")
+    assert not (tmp_path / "plain" / "model" / "modules.json").exists()  # nothing to carry
+    (source / "1_Pooling").mkdir()
+    (source / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}))
+    (source / "modules.json").write_text(json.dumps(
+        [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    assert sentence_pooling(source) == "mean"
+    _run(corpus, tmp_path / "st", f"model.init_from={source}")
+    assert sentence_pooling(tmp_path / "st" / "model") == "mean"
+    assert attnlab.load(tmp_path / "st" / "model") is not None  # still a checkpoint every command reads

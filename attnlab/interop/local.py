@@ -56,3 +56,25 @@ def sentence_pooling(name_or_path: str | Path) -> str | None:
     modes = [mode for mode in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
              if config.get(f"pooling_mode_{mode}")]
     return {("mean_tokens",): "mean", ("cls_token",): "cls"}.get(tuple(modes))
+
+
+def copy_sentence_modules(source: str | Path, directory: str | Path) -> str | None:
+    """Give `directory` the sentence-transformers modules of `source` (modules.json, its Pooling and
+    Normalize folders, the ST config files) when `source` has a pooling sentence_pooling reads, so that a
+    checkpoint trained further (continued MLM pretraining) is still read with the pooling it came with.
+    Returns the pooling mode copied, or None (nothing copied)."""
+    import json
+    import shutil
+    mode = sentence_pooling(source)
+    if mode is None:
+        return None
+    src, dest = resolve(source), Path(directory)
+    modules = json.loads((src / "modules.json").read_text(encoding="utf-8"))
+    for name in ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dest / name)
+    for module in modules:
+        folder = str(module.get("path", ""))
+        if folder and (src / folder).is_dir():  # "" is the transformer itself: the weights just saved
+            shutil.copytree(src / folder, dest / folder, dirs_exist_ok=True)
+    return mode

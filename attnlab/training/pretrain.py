@@ -302,6 +302,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, float]:
         else:
             save_model(model, final)
         tokenizer.save(final)
+        if source:  # a sentence-transformers source (all-MiniLM-L6-v2) keeps its pooling for finetune
+            from ..interop.local import copy_sentence_modules
+            copy_sentence_modules(source, final)
     return metrics
 
 
