@@ -65,16 +65,20 @@ def copy_sentence_modules(source: str | Path, directory: str | Path) -> str | No
     Returns the pooling mode copied, or None (nothing copied)."""
     import json
     import shutil
+
+    from .files import atomic_write  # each file whole or absent, as every checkpoint file
     mode = sentence_pooling(source)
     if mode is None:
         return None
     src, dest = resolve(source), Path(directory)
     modules = json.loads((src / "modules.json").read_text(encoding="utf-8"))
-    for name in ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, dest / name)
+    files = [Path(name) for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+             if (src / name).is_file()]
     for module in modules:
         folder = str(module.get("path", ""))
         if folder and (src / folder).is_dir():  # "" is the transformer itself: the weights just saved
-            shutil.copytree(src / folder, dest / folder, dirs_exist_ok=True)
+            files += [f.relative_to(src) for f in sorted((src / folder).rglob("*")) if f.is_file()]
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(dest / rel, lambda tmp, rel=rel: shutil.copyfile(src / rel, tmp))
     return mode

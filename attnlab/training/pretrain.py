@@ -20,8 +20,10 @@ that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
 `model.init_from=DIR` continues masked-LM pretraining from any encoder checkpoint `attnlab.load` reads
 (attnlab's own layout or Hugging Face's: BertModel, BertForMaskedLM, BertForPreTraining, a fine-tuned
 classifier...): the architecture is the checkpoint's, its backbone and heads are loaded, and a head the
-checkpoint lacks (the MLM head of a bare encoder, NSP) starts fresh. Domain- and task-adaptive
-pretraining (SciBERT, Gururangan et al. 2020) are this with a new corpus in the same vocabulary.
+checkpoint lacks (the MLM head of a bare encoder, NSP) starts fresh; a sentence-transformers source
+(all-MiniLM-L6-v2) passes its pooling files on to OUTPUT/model, so `finetune` reads the result with the same
+(mean) pooling. Domain- and task-adaptive pretraining (SciBERT, Gururangan et al. 2020) are this with a new
+corpus in the same vocabulary.
 
 Every MLM evaluation also logs `unigram_accuracy` / `unigram_loss` on the same held-out masked tokens
 (objectives.mlm.unigram_baseline over the training shards' counts); OUTPUT/summary.json gives tokens/s
