@@ -53,10 +53,11 @@ Defaults that follow the data (each flag given explicitly wins):
               has it (precision auto). At 900 SST-2 training sentences (MiniLM, 3 draws x 3 seeds, two
               cores with AVX512-BF16) it scored 85.05% in 249-272 s (~8 min on an AVX2-only CPU, in fp32),
               the plain fine-tune 83.89% in ~86 s; the whole 30-layer teacher (lr 3e-5) 85.49% in ~460 s.
-              Not the default on the full file: there the same half-depth teacher (41 min on 2 cores) and a
-              3-epoch student (kd 0.9, --ema 0.999, 42 min on 1 core) reach 91.08% over six seeds against
-              the default's 89.2% in 8 min (scripts: experiments/distill/llm_teacher.py, then
-              experiments/fewlabel/levers.py; the README's fine-tuning table).
+              Not the default on the full file: there SmolLM2 cut the same way but trained 0.6 epoch of the
+              file (41 min on 2 cores) and a 3-epoch student (kd 0.9, --ema 0.999, 42 min on 1 core) reach
+              91.08% over six seeds against the default's 89.2% in ~8 min (scripts:
+              experiments/distill/llm_teacher.py, then experiments/fewlabel/levers.py; the README's
+              fine-tuning table).
   averaging   --ema D evaluates and keeps a moving average of the weights. Off by default: at 1,000 sentences
               and after the full file's single epoch it changed nothing (84.2% vs 84.3%, 89.6% both); over 3
               epochs of the full file, best of 9 evaluations 91.3% vs 90.7%. --layer-decay F (lower layers
