@@ -1,4 +1,4 @@
-"""What a second `generate --compile` process pays (#22): seconds from process start to the first compiled
+"""What a second `generate --compile` process pays: seconds from process start to the first compiled
 token, and new tokens/s at batch 1, SmolLM2-135M fp32 (dequantized), for
 - `package` (as shipped): the step is an AOTInductor package (inference/aot.py); the first process compiles
   and saves it under $ATTNLAB_CACHE/compiled, the second loads it;

@@ -1,6 +1,6 @@
 """Time and peak memory of one attention layer vs sequence length: where O(T^2) meets O(T).
 
-    OMP_NUM_THREADS=1 nice -n 5 python benchmarks/long_attention.py --out experiments/long_attention
+    OMP_NUM_THREADS=1 nice -n 5 python benchmarks/long_attention.py --out research/long_attention
 
 Methods (one (B, H, T, d) attention call each, causal, fp32):
   sdpa            F.scaled_dot_product_attention(is_causal=True), attnlab's default backend
@@ -206,7 +206,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs up to T=2048, one run above")
     p.add_argument("--max-gb", type=float, default=8.0)
     p.add_argument("--modes", default="forward,forward+backward")
-    p.add_argument("--out", default="experiments/long_attention")
+    p.add_argument("--out", default="research/long_attention")
     p.add_argument("--timing-only", action="store_true",
                    help="seconds only, default allocator; replaces the seconds of an existing results file")
     p.add_argument("--merge", action="store_true", help="replace only these methods' rows in an existing results file")

@@ -2,7 +2,7 @@
 
 Every `import` / `from ... import` in attnlab/ counts, at module level or inside a function (a lazy
 import is still a dependency). The layer order below is the one place it is written down; see
-docs/INTERNALS.md for what lives in each layer.
+CONTRIBUTING.md ("Where things live") for what lives in each layer.
 """
 from __future__ import annotations
 

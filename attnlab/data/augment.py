@@ -1,5 +1,5 @@
 """Augmented copies of training sentences, for distillation: the student learns a teacher's answers on more
-inputs than the labeled file holds (issues #21 and #28).
+inputs than the labeled file holds.
 
 TinyBERT (Jiao et al. 2020, §3.2) relabels word-substituted copies of the task data with the teacher; Beyer et
 al. (2022) show that the teacher must see the same augmented input as the student ("consistent teaching"), so

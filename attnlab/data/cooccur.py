@@ -2,7 +2,7 @@
 
 Used as an embedding initialisation before masked-LM pretraining (`model.embedding_init: ppmi` in a
 pretrain recipe). On one loaded CPU thread an hour of MLM leaves a small BERT near the unigram stage
-(issue #21: 11% held-out accuracy, features no better than random ones for a linear SST-2 probe),
+(11% held-out accuracy, features no better than random ones for a linear SST-2 probe),
 while counting co-occurrences over the same 11 M tokens takes seconds to minutes and gives the
 embedding table the word-similarity structure that a few labels can build on.
 

@@ -3,7 +3,7 @@
 Each experiment is one module with NAME, CLAIM and `run(out, *, tiny, data) -> Report`; the Report
 writes a markdown table with the verdict and a PNG next to it. `tiny=True` is the seconds-long version
 the tests run; the default is the full run (at most ~15 minutes on 2 cores), whose results
-docs/EXPERIMENTS.md gathers. A verdict is computed from the numbers, never written in advance: where a
+docs/research/claims.md gathers. A verdict is computed from the numbers, never written in advance: where a
 claim does not hold at this scale, the report says so.
 """
 from __future__ import annotations

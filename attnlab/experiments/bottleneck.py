@@ -17,7 +17,7 @@ CLAIM = ("Attention removes the fixed-vector bottleneck: without it, translation
          "length; with it (RNN + attention, Transformer) it holds up.")
 # preset, overrides (similar widths: 256), lr factor. The presets' warmups (1,000 and 4,000 steps) are longer
 # than a few minutes of training, so every model warms up over WARMUP steps; the factors put the peak learning
-# rate of the inverse-sqrt schedule at ~1.9e-3 for the RNNs and ~1.25e-3 for the Transformer (the README recipe's)
+# rate of the inverse-sqrt schedule at ~1.9e-3 for the RNNs and ~1.25e-3 for the Transformer (docs/guides/fine-tuning.md's)
 WARMUP = 100
 MIN_BLEU = 5.0  # below this no model translates yet, and a verdict would read noise
 MODELS = {

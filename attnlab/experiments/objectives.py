@@ -78,7 +78,7 @@ def run(out: Path, *, tiny: bool = False, data: Path | None = None) -> Report:
     specs = [ModelSpec(r["model_dir"]) for r in pre.values()] + [ModelSpec(pre["MLM"]["model_dir"], scratch=True)]
     train_file = data / "glue" / "SST-2" / "train.tsv"
     # the settings under which pretrained and random weights of this small architecture both learn from 1,000
-    # labels (experiments/pretrain/RESULTS.md: finetune's MiniLM defaults - frozen word embeddings, [CLS],
+    # labels (research/pretrain/RESULTS.md: finetune's MiniLM defaults - frozen word embeddings, [CLS],
     # lr 1e-4 - leave a model this small at the majority class from either start)
     options = {"max_eval_samples": 40, "epochs": 1.0} if tiny else \
         {"epochs": 10.0, "lr": 3e-4, "batch_size": 32, "freeze_embeddings": False, "pooling": "mean"}
@@ -110,7 +110,7 @@ def run(out: Path, *, tiny: bool = False, data: Path | None = None) -> Report:
                    f"no objective transfers better than random initialisation, and held-out MLM accuracy "
                    f"{mlm['mlm_accuracy']:.3f} is {'above' if beyond else 'no better than'} predicting the most "
                    f"frequent token ({mlm.get('unigram_accuracy') or float('nan'):.3f}). The transfer recipe "
-                   "pretrains for an hour (experiments/pretrain/RESULTS.md) and gains 2-3 points there.")
+                   "pretrains for an hour (research/pretrain/RESULTS.md) and gains 2-3 points there.")
     else:
         holds = (not nsp_needed) and electra_better
         verdict = (f"{scores} NSP {'helps' if nsp_needed else 'does not help'}; ELECTRA is "
@@ -118,6 +118,6 @@ def run(out: Path, *, tiny: bool = False, data: Path | None = None) -> Report:
     return Report(NAME, CLAIM, ["pretraining", "steps", "tokens seen", "tokens/s", "held-out MLM accuracy",
                                 "unigram baseline", f"SST-2 acc ({labels} labels)"], rows, verdict, holds,
                   settings={"minutes_each": minutes, "labels": labels, "finetune": options, "tiny": tiny}, figure=figure,
-                  notes=["One seed each. The transfer recipe (README, learning curves) pretrains for an hour; "
+                  notes=["One seed each. The transfer recipe (docs/research/pretraining-and-translation.md) pretrains for an hour; "
                          "this compares the objectives at a few minutes. ELECTRA's MLM accuracy is its small "
                          "generator's (a quarter of the width), not comparable with the others'."])

@@ -1,5 +1,5 @@
 """The compiled decode step, kept on disk: one AOTInductor package per (weights, batch size), so that a
-second process loads it in seconds instead of compiling for minutes (#22).
+second process loads it in seconds instead of compiling for minutes.
 
 Why not inductor's own caches: freezing packs the weights into mkldnn tensors, which torch 2.13's FX
 graph cache cannot pickle ("mkldnn tensors unpickleable"), so the JIT path compiled again in every new

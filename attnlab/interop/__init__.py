@@ -13,17 +13,17 @@ A new family: a module that calls `register(Family(...))`, and one import line h
 """
 from . import bert  # noqa: F401
 from . import gpt2, llama  # noqa: F401
-from . import albert, distilbert, electra, modernbert, roberta  # noqa: F401  (the BERT family, issue 9)
-from . import t5  # noqa: F401  (T5 and the original Transformer, issue 8)
-from . import bart  # noqa: F401  (BART, issue 23)
-from . import m2m100  # noqa: F401  (M2M-100, issue 23)
-from . import deberta  # noqa: F401  (DeBERTa-v2/v3, issue 23)
-from . import xlnet  # noqa: F401  (XLNet: two streams, Transformer-XL relative attention, mems; issue 23)
-from . import xlm  # noqa: F401  (XLM with language embeddings, issue 23; XLM-R registers in roberta.py)
-from . import ctrl, gpt_neo, gpt_neox, openai_gpt  # noqa: F401  (CTRL, GPT-1, GPT-Neo, GPT-NeoX, issue 27)
-from . import mistral, mixtral  # noqa: F401  (sliding window, mixture of experts; issue 24)
-from . import longformer  # noqa: F401  (sliding window + global tokens, issue 24)
-from . import bigbird  # noqa: F401  (block-sparse attention: window + global + random blocks, issue 24)
+from . import albert, distilbert, electra, modernbert, roberta  # noqa: F401  (the BERT family)
+from . import t5  # noqa: F401  (T5 and the original Transformer)
+from . import bart  # noqa: F401  (BART)
+from . import m2m100  # noqa: F401  (M2M-100)
+from . import deberta  # noqa: F401  (DeBERTa-v2/v3)
+from . import xlnet  # noqa: F401  (XLNet: two streams, Transformer-XL relative attention, mems)
+from . import xlm  # noqa: F401  (XLM with language embeddings; XLM-R registers in roberta.py)
+from . import ctrl, gpt_neo, gpt_neox, openai_gpt  # noqa: F401  (CTRL, GPT-1, GPT-Neo, GPT-NeoX)
+from . import mistral, mixtral  # noqa: F401  (sliding window, mixture of experts)
+from . import longformer  # noqa: F401  (sliding window + global tokens)
+from . import bigbird  # noqa: F401  (block-sparse attention: window + global + random blocks)
 from .api import from_config, load, load_tokenizer, save
 
 __all__ = ["from_config", "load", "load_tokenizer", "save"]

@@ -15,7 +15,7 @@ Worked example (prob=0.5, language ids en=0, de=1):
 Each side is masked on its own (`mask_tokens` per half), so both carry exactly the configured share of
 predicted tokens. Which language comes first is drawn per pair, as XLM trains both en-de and de-en.
 `mono_collate` is plain MLM over single sentences with their language ids: the MLM baseline of the
-experiment (experiments/xlm) and the MLM half of MLM+TLM. Both feed `mlm.mlm_loss`.
+experiment (research/xlm) and the MLM half of MLM+TLM. Both feed `mlm.mlm_loss`.
 """
 from __future__ import annotations
 

@@ -1,19 +1,19 @@
-"""The defaults of `attnlab finetune` that follow the data (issue #21): how much of a training file is held
+"""The defaults of `attnlab finetune` that follow the data: how much of a training file is held
 out for validation, the schedule for small data, and the few-label rule (SetFit's recipe below SETFIT_BELOW
 examples on a sentence-transformers checkpoint). One rule, documented in `finetune --help`; every number
-here was measured (experiments/fewlabel/RESULTS.md, the README's fine-tuning section)."""
+here was measured (research/fewlabel/RESULTS.md, docs/research/fine-tuning-sst2.md)."""
 from __future__ import annotations
 
 import math
 
 # At most this share of a training file is carved out for validation when no validation file is given:
-# SST-2's fixed 872 sentences took 44% of a 2,000-line file and left too little to learn from (issue #21).
+# SST-2's fixed 872 sentences took 44% of a 2,000-line file and left too little to learn from.
 MAX_HOLDOUT_SHARE = 0.10
 DEFAULT_HOLDOUT = 872   # the size of SST-2's real dev set, for a large file without a validation file
 # The size-adaptive default: a small training set still gets at least MIN_STEPS optimizer steps (more
 # epochs, up to MAX_EPOCHS) in batches of SMALL_BATCH (below TINY_DATA at a peak lr of at least SMALL_LR).
-# 32 steps at lr 5e-5 left MiniLM at chance on SST-2 from 1,000 examples; see experiments/fewlabel/
-# and the README's fine-tuning section for the measurements.
+# 32 steps at lr 5e-5 left MiniLM at chance on SST-2 from 1,000 examples; see research/fewlabel/
+# and docs/research/fine-tuning-sst2.md for the measurements.
 MIN_STEPS = 300
 MAX_EPOCHS = 30
 SMALL_DATA = 2000   # fewer training examples than this train in batches of SMALL_BATCH
@@ -28,7 +28,7 @@ SMALL_LR = 1e-4
 # (tasks/setfit.py, every pair within a batch), mean pooling, a probe-fitted head, no fine-tuning after and
 # no hold-out (nothing is selected). SST-2, 250 sentences: 83.3% / 81.4% / 81.4% (draws 0 / 1 / 2); the
 # plain fine-tune: 79.8% / 77.2% (draws 0 / 1); with 25 held out it was 82.6% / 78.2%, at 300 steps on all 250 82.7% / 79.8%
-# (experiments/fewlabel/RESULTS.md). At 1,000 the plain fine-tune is the one measured best (84.6-85.0%; SetFit
+# (research/fewlabel/RESULTS.md). At 1,000 the plain fine-tune is the one measured best (84.6-85.0%; SetFit
 # head-only 83.1%).
 SETFIT_BELOW = 500
 # The LM teacher (tasks/prompt_teacher.py): SmolLM2-135M, cut to its bottom TEACHER_LAYERS of 30 layers, fine-tuned
@@ -37,7 +37,7 @@ SETFIT_BELOW = 500
 # 16 on the sentences and the copies, on (1 - TEACHER_KD) x the labels' loss + TEACHER_KD x the teacher's soft
 # targets at T = TEACHER_T, in bf16 where the CPU has it. The default rule for SETFIT_BELOW to TEACHER_BELOW examples
 # of SST-2 on a sentence-transformers checkpoint with nothing chosen by hand, when SmolLM2 is installed
-# (experiments/fewlabel/RESULTS.md, Sessions 20-22): at 900 SST-2 sentences 85.05 over nine runs in 249-272 s of two
+# (research/fewlabel/RESULTS.md): at 900 SST-2 sentences 85.05 over nine runs in 249-272 s of two
 # AVX512-BF16 cores (476 s on two AVX2-only cores, all fp32; 84.75 without the smoothing; the plain
 # fine-tune 83.89 in ~86 s). The whole teacher (30 layers, lr 3e-5) scored 85.49 but took ~460 s; 12 layers fell
 # to 67% on SST-2, one teacher epoch instead of two scored 84.62 in ~200 s.

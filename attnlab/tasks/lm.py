@@ -48,7 +48,7 @@ from ..nn.fused import lse_tile
 from ..nn.quantized import BlockLinear
 
 CONVENTIONS = ("hf", "llama.cpp")
-DTYPES = ("fp32", "bf16")  # int8 dynamic quantization is not offered: +25.7% perplexity on SmolLM2 (README)
+DTYPES = ("fp32", "bf16")  # int8 dynamic quantization is not offered: +25.7% perplexity on SmolLM2 (docs/research/perplexity.md)
 MAX_DEFAULT_CONTEXT = 1024  # the cap on the default context (the model's maximum may be 8k+)
 _LOGIT_ROWS = 64  # positions projected onto the vocabulary at a time: 64 x 49,152 fp32 logits stay in the L3
 # cache for the cast and log-softmax (measured ~10% less logit time than 512 rows, one thread, SmolLM2)

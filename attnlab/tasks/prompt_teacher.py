@@ -1,4 +1,4 @@
-"""A causal LM as the teacher of a small encoder when labels are few (issue #21).
+"""A causal LM as the teacher of a small encoder when labels are few.
 
 The packaged SmolLM2-135M-Instruct (6x MiniLM's parameters, a decoder) is fine-tuned as a classifier that
 reads its own prompt, "Review: {sentence}\\nSentiment:", and compares the next-token logits of the label
@@ -8,7 +8,7 @@ words' rows of the output projection are ever computed. The tuned teacher then l
 training sentences (data/augment.py) and gives every sentence soft targets, and the student learns from
 both (Hinton et al. 2015; TinyBERT's augmented distillation, Jiao et al. 2020). At 900 labeled SST-2
 sentences the MiniLM student scores ~1.6 points above a plain fine-tune with the whole teacher (~8 minutes of
-two cores) and ~0.9 with its bottom half, the default, which fits in ~4 (experiments/fewlabel/RESULTS.md).
+two cores) and ~0.9 with its bottom half, the default, which fits in ~4 (research/fewlabel/RESULTS.md).
 """
 from __future__ import annotations
 

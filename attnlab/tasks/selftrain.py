@@ -1,16 +1,16 @@
-"""Self-training on spans of the labeled sentences (issue #21): more training examples from the training file
+"""Self-training on spans of the labeled sentences: more training examples from the training file
 alone. A first fine-tune (the teacher) labels random contiguous spans of the training sentences; the spans it
 labels confidently join the gold sentences, and a fresh copy of the pretrained model (the student) fine-tunes
 on both. No other text is read: it needs no unlabeled data.
 
-The idea, where crops labeled like their whole sentence lost (experiments/fewlabel/RESULTS.md, Session 12): a
+The idea, where crops labeled like their whole sentence lost (research/fewlabel/RESULTS.md): a
 span of a review often carries another sentiment than the whole ("not bad" holds "bad"); the teacher
 labels the span for what it says, as SST's annotators labeled phrases, and the spans it is unsure of are left
 out. It is self-training (Scudder 1965; Xie et al. 2020's noisy student) with the unlabeled data made from the
 labeled sentences, and SST's own observation (Socher et al. 2013) that labeled phrases teach composition.
 
-Measured on SST-2 with all-MiniLM-L6-v2 at 1,000 labeled sentences (3 draws x 3 seeds; experiments/fewlabel/
-RESULTS.md, Session 14): no gain over the plain fine-tune, for 2.7 times its CPU, so it is an option
+Measured on SST-2 with all-MiniLM-L6-v2 at 1,000 labeled sentences (3 draws x 3 seeds; research/fewlabel/
+RESULTS.md): no gain over the plain fine-tune, for 2.7 times its CPU, so it is an option
 (`finetune --self-train K`), not a default.
 
 `random_spans` draws the spans (seeded), `confident_labels` keeps the teacher's confident ones.

@@ -3,7 +3,7 @@ from the same pretrained checkpoint and differ only in their seed. The runs stay
 their average is a model of its own (one model's inference cost, unlike an ensemble) that scores at least as
 well as the runs on average. On SST-2 (MiniLM, the full file, the 872 clean held-out sentences) three plain runs
 scoring 90.60 / 89.68 / 90.60 average to 91.40, above their softmax ensemble's 91.06, and three other seeds' runs
-(89.56 / 90.60 / 89.91) to 90.60 (experiments/fewlabel/RESULTS.md, Session 20).
+(89.56 / 90.60 / 89.91) to 90.60 (research/fewlabel/RESULTS.md).
 """
 from __future__ import annotations
 

@@ -185,4 +185,4 @@ def test_finetune_translation_refuses_fsdp_in_one_line(tmp_path, capsys):
     assert main(["finetune", "translation", *files, "--output", str(tmp_path / "out"), "--parallel", "fsdp"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == ("attnlab finetune: error: finetune translation: --parallel fsdp is not supported (its batches "
-                   "are not split across processes); see docs/DISTRIBUTED.md")
+                   "are not split across processes); see docs/guides/distributed.md")
