@@ -334,6 +334,73 @@ class ModelConfig:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+# One line per field for the generated reference (docs site: ModelConfig fields); a test holds it complete.
+FIELD_DOCS: dict[str, str] = {
+    "model_type": "Checkpoint family (interop registry key): picks the Hugging Face config and state-dict tables.",
+    "vocab_size": "Rows of the token embedding (and of a tied LM head).",
+    "hidden_size": "Width d_model of every hidden state.",
+    "num_layers": "Transformer blocks in the stack (per stack in an encoder-decoder).",
+    "num_heads": "Query heads per attention layer.",
+    "num_kv_heads": "Key/value heads: null = num_heads (MHA), 1 = MQA, in between = GQA.",
+    "head_dim": "Size d_k of one head; null = hidden_size // num_heads.",
+    "intermediate_size": "Inner width of the feed-forward layer (of each expert in a MoE).",
+    "max_position_embeddings": "Longest sequence the position scheme covers (rows of a learned table).",
+    "type_vocab_size": "Segment (token type) embeddings; 0 = none.",
+    "embedding_size": "ALBERT's factorized embedding width E < H; null = hidden_size.",
+    "num_languages": "XLM language embeddings added to each token, chosen by `langs`; 0 = none.",
+    "position": "Position scheme: learned, sinusoidal, rope, relative_bias (T5), relative_xl (Transformer-XL) or none.",
+    "norm": "Normalisation: layernorm or rmsnorm.",
+    "norm_placement": "post: LN(x + f(x)) as BERT; pre: x + f(LN(x)) as GPT-2.",
+    "activation": "Feed-forward activation: relu, gelu, gelu_tanh, silu, leaky_relu, or a GLU: geglu, swiglu, "
+                  "geglu_tanh.",
+    "bias": "Biases in linear layers and LayerNorm.",
+    "causal": "Each token attends only to itself and earlier tokens (decoder).",
+    "sliding_window": "Local attention: each query sees keys within this distance; null = all.",
+    "attention_kind": "softmax, linear (elu+1 kernel, O(T)) or block_sparse (BigBird, O(T)).",
+    "global_attention": "Longformer: tokens in global_attention_mask attend everywhere with their own Q/K/V.",
+    "sparse_block_size": "block_sparse (BigBird): tokens per block.",
+    "num_random_blocks": "block_sparse (BigBird): random key blocks per query block.",
+    "attention_scale": "Score scale; null = 1/sqrt(head_dim) (T5 and GPT-Neo use 1.0).",
+    "qkv_bias": "Biases on the Q/K/V projections; null = follow `bias`.",
+    "rotary_fraction": "Share of each head's dimensions that RoPE rotates (GPT-NeoX: 0.25).",
+    "parallel_residual": "x + attn(LN1 x) + ffn(LN2 x) in one step (GPT-J, GPT-NeoX).",
+    "embedding_norm": "LayerNorm after the embeddings (BERT: yes, GPT-2: no).",
+    "scale_embeddings": "Multiply token embeddings by sqrt(hidden_size) (original Transformer).",
+    "final_norm": "A norm after the last block; null = yes for pre-LN stacks, no for post-LN.",
+    "pooler": "BERT's tanh pooler over [CLS].",
+    "classifier_pooling": "What a sequence classifier reads: cls (the pooled [CLS]) or mean (a masked mean of the "
+                          "hidden states).",
+    "tie_word_embeddings": "The LM head shares the token embedding matrix.",
+    "share_layers": "ALBERT: one block's parameters reused by every layer.",
+    "num_experts": "Mixture of experts: FFNs per layer behind a router; 0 = dense FFN.",
+    "experts_top_k": "Experts each token is routed to.",
+    "router_aux_loss_coef": "Weight of the load-balancing loss in training (Switch Transformer).",
+    "router_z_loss_coef": "Weight of the router z-loss (ST-MoE); 0 = off.",
+    "disentangled_attention": "DeBERTa: extra score terms, any of c2p and p2c; [] = off.",
+    "position_buckets": "DeBERTa: log-bucketed relative distances beyond position_buckets/2; 0 = no buckets.",
+    "max_relative_positions": "DeBERTa: largest relative distance told apart; null = max_position_embeddings.",
+    "share_att_key": "DeBERTa v2: project the position table with the layer's own W_q/W_k.",
+    "relative_embedding_norm": "DeBERTa v2: a LayerNorm on the relative position table.",
+    "relative_segments": "XLNet: relative segment encodings read from token_type_ids.",
+    "mem_len": "Transformer-XL: hidden states per layer returned as `mems` for the next segment; null = all.",
+    "reuse_len": "Transformer-XL: tokens of the current segment that go into the mems; null = all.",
+    "norm_eps": "Epsilon of every norm.",
+    "dropout": "Hidden dropout (embeddings and sublayer outputs).",
+    "attention_dropout": "Dropout on the attention probabilities.",
+    "initializer_range": "Standard deviation of the normal weight initialisation.",
+    "rope_theta": "RoPE base: frequencies theta^(-2i/d).",
+    "relative_num_buckets": "T5 relative bias: distance buckets (split by direction when bidirectional; half "
+                            "exact, half log-spaced).",
+    "relative_max_distance": "T5 relative bias: distance where the last bucket starts.",
+    "pad_token_id": "Padding token id; null = none.",
+    "bos_token_id": "Beginning-of-sequence token id; null = none.",
+    "eos_token_id": "End-of-sequence token id; generation stops on it; null = none.",
+    "attn_implementation": "How attention runs, not what it computes: sdpa (fused), eager (explicit, returns the "
+                           "weights) or tiled (FlashAttention's algorithm).",
+    "extra": "Family-specific values kept so that a save writes them back.",
+}
+
+
 # Presets are data. The BERT sizes are the paper's (Devlin et al. 2019, §3): base L=12 H=768 A=12,
 # large L=24 H=1024 A=16; the small ones follow Turc et al. 2019 ("Well-Read Students"), as google/bert.
 _BERT = dict(model_type="bert")
@@ -373,7 +440,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert-mini": dict(_BERT, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024),
     "bert-tiny": dict(_BERT, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512),
     "minilm-l6": dict(_BERT, hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536),
-    # The BERT family after BERT (issue 9), each a configuration of the same backbone; sizes from the papers.
+    # The BERT family after BERT, each a configuration of the same backbone; sizes from the papers.
     # RoBERTa (Liu et al. 2019): BERT-base shape, byte-level BPE vocab, no segments, positions from pad+1.
     "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1,
                          norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2,
@@ -405,7 +472,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                             attention_dropout=0.0, pooler=False, sliding_window=65, pad_token_id=50283,
                             bos_token_id=50281, eos_token_id=50282,
                             extra={"global_every": 3, "local_rope_theta": 10000.0, "skip_first_attn_norm": True}),
-    # Long-document encoders (issue 24), RoBERTa-base shape. Longformer-base (Beltagy et al. 2020): a 512-token
+    # Long-document encoders, RoBERTa-base shape. Longformer-base (Beltagy et al. 2020): a 512-token
     # window (256 each side) + global tokens with their own Q/K/V, 4,096 positions.
     "longformer-base": dict(model_type="longformer", vocab_size=50265, max_position_embeddings=4098, type_vocab_size=1,
                             norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2, sliding_window=257,
@@ -419,7 +486,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "xlnet-tiny": dict(_XLNET, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512, mem_len=64),
     "deberta-v3-base": dict(_DEBERTA_V3),
     "deberta-v3-xsmall": dict(_DEBERTA_V3, hidden_size=384, num_heads=6, intermediate_size=1536),
-    # Encoder-decoders (issue 8), built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
+    # Encoder-decoders, built by attnlab.models.seq2seq.Seq2SeqLM; num_decoder_layers in extra.
     # The original Transformer, base model (Vaswani et al. 2017, Table 3): post-LN, sinusoidal positions added
     # to embeddings scaled by sqrt(d_model) (§3.4-3.5), ReLU FFN (§3.3), residual dropout 0.1 (§5.4), one
     # shared source/target vocabulary tied to the output projection (§3.4); training recipe in extra:
@@ -452,7 +519,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                           embedding_norm=False, pooler=False, norm_eps=1e-6, dropout=0.1, attention_dropout=0.1,
                           pad_token_id=0, eos_token_id=1, tie_word_embeddings=False,
                           extra={"num_decoder_layers": 8, "decoder_start_token_id": 0, "scale_decoder_outputs": False}),
-    # More decoders (issue 27), each the GPT-2 stack with a few switches. GPT-1 (Radford et al. 2018): post-LN,
+    # More decoders, each the GPT-2 stack with a few switches. GPT-1 (Radford et al. 2018): post-LN,
     # no final LayerNorm, 512 positions, 40,478 BPE tokens.
     "gpt1": dict(model_type="openai-gpt", vocab_size=40478, causal=True, norm_placement="post", activation="gelu_tanh",
                  embedding_norm=False, final_norm=False, pooler=False, type_vocab_size=0, norm_eps=1e-5,
