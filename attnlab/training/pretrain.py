@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 
 from ..config import PRESETS, ConfigError, ModelConfig, preset, type_mismatch
+from ..data.root import expand_data_root
 from ..objectives import ObjectiveConfig, build_objective
 from .args import TrainArgs
 from .trainer import Trainer, distributed_context
@@ -150,15 +151,11 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> PretrainC
 
 
 def _expand(pattern: str) -> list[str]:
-    pattern = os.path.expandvars(os.path.expanduser(pattern.replace("${ATTNLAB_DATA}", _data_root())))
+    pattern = os.path.expandvars(os.path.expanduser(expand_data_root(pattern, "data.files")))
     found = sorted(glob.glob(pattern))
     if not found:
         raise FileNotFoundError(f"data.files: {pattern} matches no file")
     return found
-
-
-def _data_root() -> str:
-    return os.environ.get("ATTNLAB_DATA", str(Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 
 
 def ensure_corpus(cfg: DataConfig, progress: bool = True) -> Path:
@@ -184,7 +181,7 @@ def ensure_corpus(cfg: DataConfig, progress: bool = True) -> Path:
             raise ConfigError(f"data.tokenizer={cfg.tokenizer!r}: expected bart-bpe:N with N the vocabulary size")
         tokenizer = train_tokenizer("bart", files, int(size))
     else:
-        tokenizer = load_tokenizer(os.path.expandvars(cfg.tokenizer.replace("${ATTNLAB_DATA}", _data_root())))
+        tokenizer = load_tokenizer(os.path.expandvars(expand_data_root(cfg.tokenizer, "data.tokenizer")))
     prepare_corpus(tokenizer, files, path, documents=cfg.documents, raw=cfg.raw, heldout=cfg.heldout,
                    heldout_mode=cfg.heldout_mode, shard_tokens=cfg.shard_tokens, progress=progress,
                    tokenizer_source=cfg.tokenizer)
