@@ -8,15 +8,38 @@
     torch.Size([1, 7, 384])
     >>> attnlab.save(model, "my-minilm")     # config.json + model.safetensors that transformers loads
 
-The package's layers and where each thing lives: docs/INTERNALS.md.
+The package's layers and where each thing lives: CONTRIBUTING.md.
 """
 from __future__ import annotations
 
-from .config import ConfigError, ModelConfig, PRESETS, preset
-from .interop import from_config, load, load_tokenizer, save
-from .models import Encoder, Model, ModelOutput
+import importlib
 
 __version__ = "0.1.0"
 
+# Public name -> the module that defines it. Loaded on first use (PEP 562), so `import attnlab` and the
+# command line's --help cost no torch import; `from attnlab import ModelConfig` works as before.
+_WHERE = {
+    "ConfigError": ".config", "ModelConfig": ".config", "PRESETS": ".config", "preset": ".config",
+    "from_config": ".interop", "load": ".interop", "load_tokenizer": ".interop", "save": ".interop",
+    "Encoder": ".models", "Model": ".models", "ModelOutput": ".models",
+}
+
 __all__ = ["ConfigError", "Encoder", "Model", "ModelConfig", "ModelOutput", "PRESETS", "from_config", "load",
            "load_tokenizer", "preset", "save"]
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    try:  # `attnlab.nn`, `attnlab.interop`, ... without importing them first, as before
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -16,6 +16,7 @@ def test_help_lists_subcommands():
     out = run_cli("--help")
     assert out.returncode == 0
     assert "info" in out.stdout and "embed" in out.stdout and "walkthrough" in out.stdout
+    assert "inspect:" in out.stdout and "train:" in out.stdout  # grouped by what they are for
 
 
 @pytest.mark.parametrize("name,line", [("bert-base", "parameters: 109,482,240"),

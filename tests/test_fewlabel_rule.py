@@ -116,10 +116,15 @@ def test_the_rule_turns_on_below_its_threshold_only_where_it_applies():
 
 
 def test_help_states_the_rule(capsys):
+    """--help names the rule and points at the guide that states it with the measurement it rests on."""
+    from pathlib import Path
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "few labels fewer than 500 examples of single-sentence classification" in text
+    assert "SetFit below 500 labels" in text and "docs/guides/fine-tuning-defaults.md" in text
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "fine-tuning-defaults.md"
+    text = " ".join(guide.read_text(encoding="utf-8").split())
+    assert "Fewer than 500 examples of single-sentence classification" in text
     assert "SetFit's own recipe" in text and "no validation is held out" in text
     assert "81.4%" in text and "79.8% / 77.2%" in text  # the measurement the rule rests on
     assert "1_Pooling/config.json" in text

@@ -105,10 +105,15 @@ def test_the_hint_applies_between_its_bounds_only_where_it_applies():
 
 
 def test_help_states_the_teacher_option_and_its_measurement(capsys):
+    """--help names the option and the rule; the defaults guide it points at states the recipe."""
+    from pathlib import Path
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "LM teacher from 500 to 1,999 examples of SST-2" in text and "--teacher none: off" in text
+    assert "LM teacher for 500-1,999 SST-2 examples" in text and "--teacher MODEL" in text and "none: off" in text
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "fine-tuning-defaults.md"
+    text = " ".join(guide.read_text(encoding="utf-8").split())
+    assert "From 500 to 1,999 examples of SST-2" in text and "`--teacher none` turns it off" in text
     assert "cut to its bottom 15 of 30 layers" in text and "lr 1e-4" in text
     assert "TBD" not in text
 

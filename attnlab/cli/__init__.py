@@ -1,44 +1,148 @@
 """`attnlab …`: every subcommand is a module in this package with NAME, HELP, add_arguments(parser)
-and run(args); each is a few lines over a library function a user can call from Python."""
+and run(args); each is a few lines over a library function a user can call from Python.
+
+`attnlab --help` and `attnlab COMMAND --help` answer at once: the top-level help comes from the table
+below, and only the command named on the command line has its module imported (a module imports torch
+and the rest of the library inside run(), never at import or in add_arguments)."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
 
-from .paths import check_inputs
+from .. import __version__
 
-# The order here is the order `attnlab --help` lists them in.
-COMMANDS = ["info", "embed", "index", "search", "generate", "viz", "plot", "finetune", "soup", "evaluate", "predict", "curve", "tokenizer", "prepare", "pretrain", "distill", "translate", "serve", "sft", "dpo", "prompting", "experiment"]
+# name -> (module in this package, group, one-line help). The order is the order `attnlab --help` lists them
+# in; tests/test_cli_help.py holds each line equal to its module's NAME and HELP.
+TABLE: dict[str, tuple[str, str, str]] = {
+    "embed": ("embed", "use", "embed each line of a text file into one vector (.npy)"),
+    "index": ("index", "use", "build a dense or ColBERT-style retrieval index over passages"),
+    "search": ("search", "use", "query a retrieval index; --squad scores recall@k"),
+    "generate": ("generate", "use", "continue a prompt with a decoder (GPT-2, LLaMA-style, .gguf), streaming"),
+    "translate": ("translate", "use", "translate a file line by line with an encoder-decoder"),
+    "predict": ("predict", "use", "predict labels, tags or answers with a fine-tuned model"),
+    "finetune": ("finetune", "train", "fine-tune an encoder on a task; writes the model and metrics.json"),
+    "pretrain": ("pretrain", "train", "pretrain a model (MLM, MLM+NSP/SOP or causal LM) from a YAML recipe"),
+    "distill": ("distill", "train", "distil a teacher into a smaller student (DistilBERT, TinyBERT, MiniLM)"),
+    "sft": ("sft", "train", "instruction-tune a decoder on chat data (optional LoRA)"),
+    "dpo": ("dpo", "train", "preference-tune a decoder with DPO (optional LoRA)"),
+    "soup": ("soup", "train", "average the weights of fine-tuned runs into one model (a model soup)"),
+    "tokenizer": ("tokenizer", "train", "train a WordPiece, BPE, Unigram or character tokenizer"),
+    "prepare": ("prepare", "train", "tokenize text files into token shards for pretraining"),
+    "evaluate": ("evaluate", "evaluate", "score a fine-tuned model on labelled data, or an LM's perplexity"),
+    "curve": ("curve", "evaluate", "accuracy against number of labeled examples, pretrained vs scratch"),
+    "evaluate-prompting": ("prompting", "evaluate", "zero/k-shot prompting of a decoder, scored without training"),
+    "info": ("info", "inspect", "a model's config, parameters and a per-layer shape/FLOP walkthrough"),
+    "viz": ("viz", "inspect", "attention views of a model on a text, as one self-contained HTML page"),
+    "plot": ("plot", "inspect", "training curves (PNG) and a summary from a run's metrics.jsonl"),
+    "env": ("env", "inspect", "what a bug report needs: versions, CPU, precisions, kernels, paths"),
+    "serve": ("serve", "serve", "serve a model over HTTP (OpenAI-shaped embeddings, completions, chat)"),
+    "experiment": ("experiment", "research", "rerun one of the notes' claims as a measurement"),
+    "completion": ("completion", "shell", "print a bash or zsh completion script"),
+}
+GROUPS = ("use", "train", "evaluate", "inspect", "serve", "research", "shell")
+COMMANDS = [module for module, _, _ in TABLE.values()]  # the modules, in that order
+
+EPILOG = """\
+MODEL is a model directory in the Hugging Face layout (config.json + weights), a .gguf file, an
+installed model package (minilm: all-MiniLM-L6-v2, smollm2: SmolLM2-135M-Instruct), or a hub name
+(ORG/NAME) found in the Hugging Face cache. A hub name found nowhere local is downloaded only when
+huggingface_hub is installed and HF_HUB_OFFLINE is not set.
+
+examples:
+  attnlab info minilm
+  attnlab embed minilm --input sentences.txt --output vectors.npy
+  attnlab generate smollm2 --chat --prompt "What is attention?"
+
+Run `attnlab COMMAND --help` for a command's options and examples. Guides: docs/guides/"""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="attnlab",
-        description="The Transformer family from scratch on PyTorch: inspect, embed, train, evaluate, serve.",
-        epilog="MODEL is a directory in the Hugging Face layout (config.json + model.safetensors), a preset "
-               "name where noted, or the name of a locally installed model package "
-               "(e.g. sentence-transformers/all-MiniLM-L6-v2). Nothing is ever downloaded. "
-               "Run `attnlab COMMAND --help` for a command's options.")
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """A command's help: its description and examples printed as written, and each option's help starting
+    at column 32, so that most options take one line."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 32, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def short_usage(parser: argparse.ArgumentParser) -> str:
+    """"%(prog)s TASK --output DIR [options]": the positionals and required options only (the options
+    follow in the help); argparse's own usage lists every option, a dozen lines for the larger commands."""
+    words = []
+    for action in parser._actions:  # noqa: SLF001
+        if action.help is argparse.SUPPRESS or (action.option_strings and not action.required):
+            continue
+        name = action.metavar or action.dest.upper()
+        if action.option_strings:
+            words.append(f"{max(action.option_strings, key=len)} {name}")
+        elif action.nargs in ("+", argparse.PARSER):
+            words.append(f"{name} ...")
+        else:
+            words.append(f"[{name} ...]" if action.nargs == "*" else f"[{name}]" if action.nargs == "?" else name)
+    return " ".join(["%(prog)s", *words, "[options]"])
+
+
+def _overview() -> str:
+    lines = ["The Transformer family from scratch on PyTorch: inspect, embed, train, evaluate, serve.", ""]
+    width = max(map(len, TABLE)) + 2
+    for group in GROUPS:
+        lines.append(f"{group}:")
+        lines += [f"  {name:<{width}}{text}" for name, (_, g, text) in TABLE.items() if g == group]
+    return "\n".join(lines)
+
+
+def command_module(name: str):
+    """The module of command `name` (imports it: cheap, the library loads in its run())."""
+    return importlib.import_module(f"{__name__}.{TABLE[name][0]}")
+
+
+def build_parser(only: str | None = None, *, names: bool = True) -> argparse.ArgumentParser:
+    """The `attnlab` parser. Without `only`, every command with its options (documentation, tests).
+    With only=NAME, that command alone: what `main` builds when the command line names it, so that one
+    command's --help or run imports one module. With only="", every command's name (names=False: none) and
+    none of their options: enough for argparse to list the choices when the command line names no command."""
+    parser = argparse.ArgumentParser(prog="attnlab", description=_overview(), epilog=EPILOG,
+                                     usage="attnlab [-h] [--version] [--debug] COMMAND ...",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    for name in COMMANDS:
-        module = importlib.import_module(f"{__name__}.{name}")
-        p = sub.add_parser(module.NAME, help=module.HELP, description=module.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    if only == "":  # the grouped overview above lists the commands: argparse's own list would repeat it
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
+        for name in TABLE if names else ():
+            sub.add_parser(name, prog=f"attnlab {name}", add_help=False)
+        return parser
+    # listed with their help here: shell completion (shtab) and the generated reference read them
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="the command (see the groups above)")
+    for name in [only] if only else TABLE:
+        module = command_module(name)
+        p = sub.add_parser(module.NAME, prog=f"attnlab {module.NAME}", description=module.__doc__,
+                           help=module.HELP, formatter_class=HelpFormatter)
         p.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
         module.add_arguments(p)
+        p.usage = short_usage(p)
         p.set_defaults(run=module.run)
     return parser
 
 
+def _parser_for(argv: list[str]) -> argparse.ArgumentParser:
+    """The least parser that reads argv alike: the command named by its first word that is not an option
+    (the top-level options take no value); when that word names no command, the names argparse lists in
+    its error; with no such word (`attnlab --help`), no command at all."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word in TABLE:
+        return build_parser(only=word)
+    return build_parser(only="", names=word is not None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser_for(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
     try:
+        from .paths import check_inputs
         check_inputs(parser, args.command, args)  # a missing or unreadable input: one line, before any work
         if getattr(args, "dtype", None) == "bf16" or getattr(args, "precision", None) == "bf16":
             from ..nn.precision import bf16_warning

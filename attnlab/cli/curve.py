@@ -1,31 +1,22 @@
 """The learning curve: a task's main metric against the number of labeled training examples, for
-pretrained models and the same architectures trained from random weights. Each point is a real
-`attnlab finetune` run on a seeded random subset of the training data; every point is scored on the same
-validation examples (the task's dev file, --valid, or for SST-2 the 872 whole sentences finetune holds
-out, whose phrases never enter any training subset).
-
-Models, in the order given (each is a column of the table and a line of the plot):
-  --model M      M as it is: a model directory or a packaged name (e.g. minilm)
-  --scratch M    M's architecture and tokenizer with random weights: the no-pretraining baseline
-Give the same M to both to see what pretraining buys.
-
-Writes into --output: curve.json (every run's numbers, rewritten after each run), curve.md (rows = sizes,
-columns = models, mean ± std over seeds), curve.png, and runs/<run>/ (each run's metrics; its weights
-are deleted unless --keep-models). A curve takes hours on a CPU: run the same command again after an
-interruption and it skips the runs curve.json already holds (different options are refused).
-One progress line per run goes to stderr.
+pretrained models (--model M) and the same architectures trained from random weights (--scratch
+M). Each point is a real `attnlab finetune` run on a seeded random subset, and every point is
+scored on the same validation examples. Writes curve.json, curve.md (mean ± std over seeds),
+curve.png and runs/ into --output; the same command run again skips the runs curve.json already
+holds.
 
 examples:
-  attnlab curve sst2 --model minilm --scratch minilm --sizes 100,250,1k --output out/curve
-  attnlab curve sst2 --model runs/bert-mini/model --scratch runs/bert-mini/model --model minilm \\
-      --sizes 100,250,1k,4k,all --seeds 1,2,3 --output out/curve-bert-mini
+  attnlab curve sst2 --model minilm --scratch minilm --sizes 100,250,1k --output runs/curve
+  attnlab curve sst2 --model minilm --sizes 100,250,1k,4k,all --seeds 1,2,3 --output runs/curve3
+
+Guide: docs/guides/fine-tuning.md (more on curves: docs/guides/command-details.md)
 """
 from __future__ import annotations
 
 import argparse
 
 NAME = "curve"
-HELP = "accuracy vs number of labeled examples, pretrained vs from scratch: curve.png + curve.md"
+HELP = "accuracy against number of labeled examples, pretrained vs scratch"
 
 
 class _AddModel(argparse.Action):
@@ -38,7 +29,7 @@ class _AddModel(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..tasks import TASK_NAMES
+    from .choices import TASKS as TASK_NAMES  # attnlab.tasks' names, without importing torch
     p.add_argument("task", metavar="TASK", choices=TASK_NAMES, help=", ".join(TASK_NAMES))
     p.add_argument("--model", action=_AddModel, const=False, default=[], metavar="MODEL",
                    help="a model as it is (directory or packaged name); repeat for several")

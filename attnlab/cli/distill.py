@@ -1,35 +1,24 @@
 """Distil a teacher into a shallower student, DistilBERT's way (Sanh et al. 2019): the student starts
-from every other teacher layer and learns from soft targets at temperature T, the hard labels and the
-teacher's hidden-state directions (attnlab/objectives/distill.py).
-
---style tinybert / minilm (task mode) add layer-to-layer terms (attnlab/objectives/layer_distill.py):
-TinyBERT (Jiao et al. 2020) matches attention distributions and, through learned projections, hidden
-states and embeddings on mapped layers (uniform: student layer i <- teacher layer (i+1)N/M - 1, or
---layer-map); MiniLM (Wang et al. 2020) matches the last layer's attention and value relation. Both let
-the student be narrower (--student-width): its embeddings, pooler and classifier start from the teacher's
-through a PCA basis, its layers from random weights.
-
-Two modes: a masked-LM teacher on a prepared corpus (--corpus; pretraining distillation), or a teacher
-already fine-tuned on a task (--task; the student keeps the teacher's head and is trained on the task's
-data, then saved like `attnlab finetune` saves: best checkpoint, metrics.json).
+from every other teacher layer and learns from the teacher's soft targets, the hard labels and the
+teacher's hidden states. --style tinybert / minilm add layer-to-layer terms and allow a narrower
+student (--student-width). Two modes: --corpus, a masked-LM teacher on a corpus from `attnlab
+prepare`; or --task, a teacher fine-tuned on the task (the student is saved as `attnlab finetune`
+saves).
 
 examples:
-  attnlab distill --task sst2 --teacher runs/sst2 --student-layers 3 --output runs/sst2-3layers --epochs 1
-  attnlab distill --teacher runs/bert-mini/checkpoints/step-002000/model --corpus runs/corpus-gutenberg-wikitext-bert \
-      --student-layers 2 --output runs/bert-mini-distilled --max-steps 500
-  attnlab distill --teacher DIR --corpus CORPUS --student-layers 6 --layout distilbert --temperature 2
-  attnlab distill --task sst2 --teacher runs/sst2 --student-layers 3 --student-width 192 --style tinybert \
-      --output runs/sst2-tiny --max-train-samples 8000
-  attnlab distill --task sst2 --teacher runs/sst2 --student-layers 3 --student-width 192 --style minilm \
-      --output runs/sst2-minilm
-  attnlab distill --task sst2 --teacher runs/sst2 --student-layers 2 --style tinybert --layer-map 2,5 --output runs/s2
+  attnlab distill --task sst2 --teacher runs/sst2 --student-layers 3 --output runs/s3 --epochs 1
+  attnlab distill --task sst2 --teacher runs/sst2 --student-layers 3 --style tinybert --output t3
+  attnlab distill --teacher runs/bert-mini --corpus runs/corpus --student-layers 2 --output runs/d2
+
+Guides: docs/guides/pretraining-and-distillation.md; each style's weights and the layer map:
+docs/guides/command-details.md
 """
 from __future__ import annotations
 
 import argparse
 
 NAME = "distill"
-HELP = "distil a masked-LM or fine-tuned teacher into a smaller student (DistilBERT, TinyBERT, MiniLM)"
+HELP = "distil a teacher into a smaller student (DistilBERT, TinyBERT, MiniLM)"
 
 
 def _int_list(text: str) -> list[int]:
@@ -40,37 +29,39 @@ def _int_list(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..objectives.distill import STYLES
-    from ..tasks import TASK_NAMES
+    from .choices import DISTILL_STYLES
+    from .choices import TASKS as TASK_NAMES  # attnlab.tasks' names, without importing torch
     p.add_argument("--teacher", required=True, help="teacher model directory (Hugging Face layout): with an MLM "
                                                     "head for --corpus, fine-tuned on TASK for --task")
     p.add_argument("--corpus", help="prepared corpus directory (attnlab prepare; holds tokenizer/)")
-    p.add_argument("--task", choices=TASK_NAMES, help="distil a fine-tuned teacher on this task's data instead "
-                                                      f"({', '.join(TASK_NAMES)})")
-    p.add_argument("--student-layers", type=int, required=True,
+    p.add_argument("--task", choices=TASK_NAMES, metavar="TASK",
+                   help="distil a teacher fine-tuned on TASK (one of finetune's) on its data instead")
+    p.add_argument("--student-layers", type=int, required=True, metavar="N",
                    help="student depth (distilbert: initialised from every other teacher layer)")
     p.add_argument("--output", required=True, help="run directory: metrics.jsonl, checkpoints/step-N/model")
     p.add_argument("--layout", choices=("same", "distilbert"), default="same",
                    help="student layout: the teacher's family, or DistilBERT's (no token types, no pooler)")
-    p.add_argument("--max-steps", type=int, default=1000, help="--corpus mode: optimizer steps (default 1000)")
+    p.add_argument("--max-steps", type=int, default=1000, metavar="N",
+                   help="--corpus mode: optimizer steps (default 1000)")
     p.add_argument("--train", help="--task mode: training file (default: the task's under ATTNLAB_DATA)")
     p.add_argument("--valid", help="--task mode: validation file (default: the task's dev file or a held-out part)")
     p.add_argument("--epochs", type=float, help="--task mode: passes over the task's training data (task default)")
     p.add_argument("--max-length", type=int, help="--task mode: tokens per input (task default)")
     p.add_argument("--batch-size", type=int, help="examples per step (default 32, or the task's)")
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=128, metavar="N", help="--corpus mode: tokens per row (default 128)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 5e-4, or the task's)")
-    p.add_argument("--warmup-steps", type=int, default=0)
-    p.add_argument("--style", choices=sorted(STYLES), default="distilbert",
-                   help="each paper's mix of loss terms (the --alpha-* and --temperature options override it): "
-                        + "; ".join(f"{k}: " + ", ".join(f"{n}={v}" for n, v in w.items()) for k, w in STYLES.items()))
-    p.add_argument("--student-width", type=int,
+    p.add_argument("--warmup-steps", type=int, default=0, metavar="N", help="learning-rate warmup steps (default 0)")
+    p.add_argument("--style", choices=DISTILL_STYLES, default="distilbert",
+                   help="each paper's mix of loss terms; the --alpha-* and --temperature options override it")
+    p.add_argument("--student-width", type=int, metavar="N",
                    help="--task mode: a narrower student (e.g. 192 for a 384-wide teacher)")
-    p.add_argument("--student-heads", type=int, help="--task mode: heads of a narrower student (default the teacher's; "
-                                                     "attention transfer needs them equal)")
+    p.add_argument("--student-heads", type=int, metavar="N",
+                   help="--task mode: heads of a narrower student (default the teacher's; "
+                        "attention transfer needs them equal)")
     p.add_argument("--layer-map", type=_int_list, help="teacher layer (0-based) each student layer learns from, "
                                                        "e.g. 1,3,5 (default: uniform, TinyBERT's)")
-    p.add_argument("--max-train-samples", type=int, help="--task mode: distil on a seeded random subset of this size")
+    p.add_argument("--max-train-samples", type=int, metavar="N",
+                   help="--task mode: distil on a seeded random subset of this size")
     p.add_argument("--temperature", type=float, help="softmax temperature of the soft targets (style's; distilbert 2)")
     p.add_argument("--alpha-ce", type=float, help="weight of the soft-target KL (style's; distilbert 5)")
     p.add_argument("--alpha-mlm", type=float,
@@ -80,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha-hidden", type=float, help="weight of the projected hidden-state MSE (style's)")
     p.add_argument("--alpha-embed", type=float, help="weight of the projected embedding MSE (style's)")
     p.add_argument("--alpha-value", type=float, help="weight of MiniLM's value-relation KL (style's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 

@@ -1,13 +1,15 @@
 """Preference-tune a decoder with DPO (Rafailov et al. 2023): no reward model, no RL; the loss raises
 the likelihood of each chosen answer over its rejected one, relative to the frozen starting model.
-
-DATA is JSONL: {"prompt": "...", "chosen": "...", "rejected": "..."} per line. --chat scores the answers
-as the assistant's turn of the model's chat template; by default they are continuations of the prompt.
-With --lora the reference model is the base under the adapter; the adapter goes to OUTPUT (peft layout).
+--data is JSONL: {"prompt": "...", "chosen": "...", "rejected": "..."} a line. --chat scores the
+answers as the assistant's turn of the chat template; by default they continue the prompt. With
+--lora the reference is the base under the adapter, and the adapter goes to OUTPUT (peft's
+layout).
 
 examples:
   attnlab dpo smollm2 --data prefs.jsonl --output runs/smol-dpo --lora r=8,alpha=16 --beta 0.1
   attnlab generate smollm2 --adapter runs/smol-dpo --prompt "The movie was"
+
+Guide: docs/guides/adapters-sft-dpo.md
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import argparse
 import json
 
 NAME = "dpo"
-HELP = "preference-tune a decoder with DPO (chosen vs rejected answers; optional LoRA)"
+HELP = "preference-tune a decoder with DPO (optional LoRA)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default 1)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4 with --lora, else 1e-6)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 

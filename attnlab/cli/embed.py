@@ -1,10 +1,13 @@
 """Embed text: one vector per input line, written as a float32 .npy array of shape (lines, hidden).
+Vectors are the mean of the last hidden states over real tokens (or the [CLS] vector),
+L2-normalised unless --no-normalize, so a dot product is a cosine similarity.
 
-Vectors are the mean of the last hidden states over real tokens (or the [CLS] vector), L2-normalised
-unless --no-normalize, so a dot product is a cosine similarity.
+examples:
+  attnlab embed minilm --input sentences.txt --output vectors.npy
+  attnlab embed minilm --input sentences.txt --output vectors.npy --dtype int8
+  attnlab embed minilm --input sentences.txt --output raw.npy --pooling cls --no-normalize
 
-example:
-  attnlab embed sentence-transformers/all-MiniLM-L6-v2 --input sentences.txt --output vectors.npy
+Guide: docs/guides/embeddings.md
 """
 from __future__ import annotations
 
@@ -24,9 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens "
                                                                  "(default: the model's maximum)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32",
-                   help="precision of the linear layers: int8 = per-token int8 with SmoothQuant (~2x fp32 "
-                        "where the CPU has VNNI, cosine >= 0.99 to fp32), bf16 (fast only with AVX512-BF16/AMX) "
-                        "(default fp32)")
+                   help="precision of the linear layers: int8 (per-token, SmoothQuant; fast where the CPU has "
+                        "VNNI), bf16 (fast only with AVX512-BF16/AMX) or fp32 (default)")
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw (unnormalised) vectors")
 
 

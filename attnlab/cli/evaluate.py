@@ -1,15 +1,16 @@
-"""Score a fine-tuned model on a labelled file in the task's format; prints one JSON object.
+"""Score a fine-tuned model on a labelled file in its task's format, or (TASK lm) a language model's
+perplexity, bits per byte and word perplexity on any text; prints one JSON object. A .gguf model
+keeps its Q4_0/Q4_1/Q8_0 weights quantized unless --dequantize. Text `evaluate lm` cannot score
+(empty, invalid UTF-8, under two tokens, no LM head) exits with status 2.
 
-example:
-  attnlab evaluate conll2003 --model out/conll2003 --data ../shared/data/conll2003/valid.txt
-  attnlab evaluate translation --model out/en-de-en --source val.de --reference val.en --target-lang en
-  attnlab evaluate lm --model smollm2 --data ../shared/data/wikitext-2/valid.txt --context 512
-  attnlab evaluate lm --model model.gguf --data valid.txt --convention llama.cpp --dtype bf16   # kept quantized
-  attnlab evaluate lm --model model.gguf --data valid.txt --dequantize                         # dense fp32
+examples:
+  attnlab evaluate sst2 --model runs/sst2 --data held-out.tsv
+  attnlab evaluate text-classification --model runs/reviews --data test.csv
+  attnlab evaluate lm --model smollm2 --data valid.txt --context 512
+  attnlab evaluate translation --model runs/en-de --source val.en --reference val.de
 
-`evaluate lm` scores any text with a decoder (perplexity, bits per byte, word perplexity); input it cannot
-score (empty, invalid UTF-8, under two tokens, --stride > --context, no LM head) exits with status 2.
-A .gguf model keeps its Q4_0/Q4_1/Q8_0 weights quantized unless --dequantize.
+Guide: docs/guides/fine-tuning.md (perplexity conventions, --dtype:
+docs/guides/command-details.md)
 """
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ import json
 import sys
 
 NAME = "evaluate"
-HELP = "score a fine-tuned model on a labelled file, or a language model's perplexity on any text (lm); prints JSON"
+HELP = "score a fine-tuned model on labelled data, or an LM's perplexity"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..tasks import TASK_NAMES
+    from .choices import TASKS as TASK_NAMES  # attnlab.tasks' names, without importing torch
     tasks = (*TASK_NAMES, "translation", "lm")
     p.add_argument("task", metavar="TASK", choices=tasks, help=", ".join(tasks))
     p.add_argument("--model", required=True, help="a fine-tuned model directory")
     p.add_argument("--data", help="labelled file (GLUE tsv, CoNLL, SQuAD json)")
+    from .finetune import add_column_arguments
+    add_column_arguments(p)
     p.add_argument("--source", help="translation: source sentences, one per line")
     p.add_argument("--reference", help="translation: reference translations, line-aligned with --source")
     p.add_argument("--num-beams", type=int, default=4, help="translation: beam size (default 4)")
@@ -39,12 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--convention", choices=("hf", "llama.cpp"), default="hf",
                    help="lm: hf = transformers' sliding window (default); llama.cpp = llama-perplexity's chunks")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32",
-                   help="precision the model runs in (default fp32). lm: bf16 is ~1.8x faster where the CPU has "
-                        "AVX512-BF16/AMX, perplexity ~+0.1%%. Fine-tuned models also take int8 (per-token int8 "
-                        "with SmoothQuant; ~2x fp32 where the CPU has VNNI)")
+                   help="precision: fp32 (default), bf16 (fast with AVX512-BF16/AMX), int8 for a fine-tuned "
+                        "model (per-token, SmoothQuant; fast with VNNI)")
     p.add_argument("--dequantize", action="store_true",
-                   help="lm, .gguf: dequantize the weights to dense fp32 (default: Q4_0/Q4_1/Q8_0 stay quantized, "
-                        "dequantized a tile at a time into the matrix products; same perplexity to rounding)")
+                   help="lm, .gguf: dequantize the weights to fp32 (default: they stay quantized; the same "
+                        "perplexity to rounding)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
                                                batch_size=args.batch_size or 64)))
         return 0
     from ..tasks.finetune import evaluate
-    print(json.dumps(evaluate(args.task, args.model, args.data, max_length=args.max_length,
+    from .finetune import task_of
+    print(json.dumps(evaluate(task_of(args), args.model, args.data, max_length=args.max_length,
                               batch_size=args.batch_size or 64, dtype=args.dtype)))
     return 0
 

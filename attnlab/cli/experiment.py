@@ -1,13 +1,14 @@
-"""The notes' claims as experiments: each runs on this machine (at most ~15 minutes on 2 cores, seconds
-with --tiny) and writes NAME.md (the table, the claim, the verdict computed from the numbers, the
-settings and the machine), NAME.png and NAME.json into --output. Where a claim does not hold at this
-scale, the verdict says so.
+"""The notes' claims as experiments: each runs on this machine and writes NAME.md (the table, the
+claim, the verdict computed from the numbers, the settings and the machine), NAME.png and
+NAME.json into --output. Where a claim does not hold at this scale, the verdict says so; --tiny
+runs a seconds-long version on tiny settings.
 
 examples:
   attnlab experiment --list
   attnlab experiment sqrt-dk
-  attnlab experiment senses --output out/experiments      # trains word2vec on the books, then MiniLM
-  attnlab experiment parallel --tiny
+  attnlab experiment parallel --tiny --output runs/experiments
+
+Guide: docs/research/index.md
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import argparse
 import sys
 
 NAME = "experiment"
-HELP = "rerun one of the notes' claims as a measurement: a table, a verdict and a plot"
+HELP = "rerun one of the notes' claims as a measurement"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                               "(default experiments-out)")
     p.add_argument("--tiny", action="store_true", help="a seconds-long version on tiny settings (a smoke test)")
     p.add_argument("--data", help="the data directory (default: ATTNLAB_DATA, else ../shared/data)")
-    p.add_argument("--all", action="store_true", help="run every experiment in turn (hours on 2 cores), then "
+    p.add_argument("--all", action="store_true", help="run every experiment in turn (hours), then "
                                                      "write OUTPUT/EXPERIMENTS.md")
     p.add_argument("--index", action="store_true", help="only write OUTPUT/EXPERIMENTS.md from the results "
                                                        "already in OUTPUT")

@@ -1,14 +1,16 @@
-"""Continue a prompt with a causal language model, streaming the text to the terminal as it is decoded.
-
-Greedy by default (--temperature 0); --temperature > 0 samples, optionally restricted by --top-k / --top-p;
---num-beams N runs beam search (printed when the search ends). --chat wraps the prompt in the model's
-chat template (as a user message). MODEL is a Hugging Face directory, a .gguf file or a packaged name.
+"""Continue a prompt with a causal language model, streaming the text to the terminal as it is
+decoded. Greedy by default; --temperature > 0 samples (optionally within --top-k / --top-p);
+--num-beams N runs beam search. --chat wraps the prompt in the model's chat template as a user
+message.
 
 examples:
   attnlab generate smollm2 --chat --prompt "What is the capital of France?"
-  attnlab generate path/to/model.gguf --prompt "Once upon a time" --temperature 0.8 --top-p 0.95 --seed 1
-  attnlab generate path/to/gpt2_dir --prompt "Hello" --num-beams 4 --max-new-tokens 20
-  attnlab generate smollm2 --prompt "Once upon a time" --max-new-tokens 2000 --compile
+  attnlab generate smollm2 --prompt "Once upon a time" --temperature 0.8 --top-p 0.95 --seed 1
+  attnlab generate smollm2 --prompt "Attention is" --num-beams 4 --max-new-tokens 20
+  attnlab generate smollm2 --adapter runs/smol-sft --chat --prompt "Classify: a dull film."
+
+Guide: docs/guides/generation-and-serving.md (--compile, .gguf speed:
+docs/guides/command-details.md)
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import argparse
 import sys
 
 NAME = "generate"
-HELP = "continue a prompt with a decoder (GPT-2, LLaMA-style, .gguf), streaming the text"
+HELP = "continue a prompt with a decoder (GPT-2, LLaMA-style, .gguf), streaming"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,18 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="format the prompt with the model's chat template")
     p.add_argument("--system", default=None, help="with --chat: a system message")
     p.add_argument("--compile", action="store_true",
-                   help="decode through a compiled step with a static KV cache: ~2.5x the eager fp32 tokens/s "
-                        "on a CPU. The first run for a model and batch size compiles for 1.5-3 minutes and saves "
-                        "the step under $ATTNLAB_CACHE/compiled (default ~/.cache/attnlab; ~1-2x the weights on "
-                        "disk, at most $ATTNLAB_COMPILED_MAX_GB=8 GB in all); later runs load it in seconds. A .gguf decodes faster without it: --compile "
-                        "dequantizes to fp32, while its default quantized path is ~2x the compiled speed")
+                   help="decode through a compiled step with a static KV cache; the first run for a model and "
+                        "batch size compiles for minutes and keeps the step under $ATTNLAB_CACHE/compiled, later "
+                        "runs load it. A .gguf decodes faster without it (--compile dequantizes to fp32)")
     p.add_argument("--dequantize", action="store_true",
-                   help=".gguf: dequantize the weights to fp32 (default: Q4_0/Q4_1/Q8_0 stay quantized, "
-                        "~4x faster at batch 1 and ~1/3 of the memory, same greedy text)")
+                   help=".gguf: dequantize the weights to fp32 (default: Q4_0/Q4_1/Q8_0 stay quantized: "
+                        "faster, less memory, the same greedy text)")
     p.add_argument("--exact", action="store_true",
-                   help=".gguf kept quantized: decode with fp32 activations (greedy text equal to --dequantize's; "
-                        "default: each step's activations go int8 per block of 32 for integer dot products "
-                        "where the CPU has AVX512-VNNI, as llama.cpp does, ~10%% faster, near-ties can flip)")
+                   help=".gguf kept quantized: fp32 activations, greedy text equal to --dequantize's (default: "
+                        "int8 activations where the CPU has AVX512-VNNI, as llama.cpp; near-ties can flip)")
     p.add_argument("--truncate-left", action="store_true",
                    help="drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context "
                         "(default: error)")

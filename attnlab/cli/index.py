@@ -1,15 +1,17 @@
-"""Build a retrieval index over passages with an encoder: one vector per passage (--kind dense, DPR-style:
-mean-pooled, normalised) or one vector per passage token (--kind colbert, ColBERT-style, scored by MaxSim).
+"""Build a retrieval index over passages with an encoder: one vector per passage (--kind dense,
+DPR-style, mean-pooled and normalised) or one vector per passage token (--kind colbert, scored by
+MaxSim).
 
-PASSAGES is a UTF-8 text file with one passage per line (blank lines are skipped), or a SQuAD-format .json
-file, whose paragraphs (each once, in file order) become the passages. The index is a directory
-(vectors.npy, offsets.npy, passages.jsonl, meta.json) written under a temporary name and renamed.
-An empty passages file or unusable input: one line on stderr, exit status 2.
+PASSAGES is a UTF-8 text file, one passage per line (blank lines are skipped), or a SQuAD-format
+.json file, whose paragraphs become the passages. The index is a directory (vectors.npy,
+offsets.npy, passages.jsonl, meta.json); `attnlab search` queries it.
 
 examples:
-  attnlab index passages.txt --model sentence-transformers/all-MiniLM-L6-v2 --output idx/
-  attnlab index ../shared/data/squad/dev.json --model minilm --kind colbert --output idx-colbert/
-  attnlab search idx-colbert/ "Who wrote Hamlet?" -k 5
+  attnlab index passages.txt --model minilm --output idx/
+  attnlab index squad-dev.json --model minilm --kind colbert --output idx-colbert/
+  attnlab search idx/ "Who wrote Hamlet?" -k 5
+
+Guide: docs/guides/embeddings.md
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 
 NAME = "index"
-HELP = "build a dense (DPR-style) or multi-vector (ColBERT-style) retrieval index over passages"
+HELP = "build a dense or ColBERT-style retrieval index over passages"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

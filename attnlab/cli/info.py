@@ -1,22 +1,22 @@
-"""Show a model's config, its parameters per component, and one layer walked through in the notes' terms
-with real shapes and FLOPs.
+"""Show a model's config, its parameters per component, and one layer walked through with real shapes
+and FLOPs; --explain walks every kind of layer, with activation memory and totals. MODEL_OR_PRESET
+is a preset name (bert-base, bert-large, gpt2, t5-small, mixtral-8x7b, ...) or a model: only its
+config is read, no weights.
 
 examples:
-  attnlab info bert-base                  # a preset: prints "parameters: 109,482,240"
-  attnlab info bert-large --seq-len 128
-  attnlab info sentence-transformers/all-MiniLM-L6-v2
-  attnlab info path/to/hf_model_dir
-  attnlab info bert-base --seq-len 512 --explain      # every layer kind step by step, with totals
-  attnlab info bert-base --explain --set causal=true --set num_kv_heads=4              # a GQA decoder
-  attnlab info bert-base --explain --set sliding_window=64 --set extra.global_every=3  # ModernBERT-style
-  attnlab info mixtral-8x7b               # experts: 8 per layer, top-2; active vs total parameters
+  attnlab info minilm
+  attnlab info bert-base --seq-len 512 --explain
+  attnlab info bert-base --explain --set causal=true --set num_kv_heads=4
+  attnlab info mixtral-8x7b
+
+Guide: docs/guides/inspection.md
 """
 from __future__ import annotations
 
 import argparse
 
 NAME = "info"
-HELP = "config, parameters per component and a per-layer shape/FLOP walkthrough of a model or preset"
+HELP = "a model's config, parameters and a per-layer shape/FLOP walkthrough"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -45,6 +45,8 @@ INPUTS: dict[str, dict[str, str]] = {
     "sft": {"model": "model", "data": "file", "valid": "file"},
     "dpo": {"model": "model", "data": "file"},
     "evaluate-prompting": {"model": "model", "data": "file", "pool": "file"},
+    "env": {},
+    "completion": {},
 }
 
 

@@ -1,16 +1,19 @@
-"""Turn a training run's metrics.jsonl into PNG curves (loss, accuracy / eval metrics, learning rate,
-tokens/s) and a short markdown summary, for reports.
+"""Turn a training run's metrics.jsonl into PNG curves (loss, eval metrics, learning rate, tokens/s)
+and a short markdown summary, for reports. Writes RUN_DIR/plots/*.png and summary.md unless
+--output.
 
 examples:
-  attnlab plot runs/pretrain-bert-tiny                 # writes runs/pretrain-bert-tiny/plots/*.png + summary.md
+  attnlab plot runs/sst2
   attnlab plot runs/sst2 --output report/sst2
+
+Guide: docs/guides/inspection.md
 """
 from __future__ import annotations
 
 import argparse
 
 NAME = "plot"
-HELP = "PNG training curves and a markdown summary from RUN_DIR/metrics.jsonl"
+HELP = "training curves (PNG) and a summary from a run's metrics.jsonl"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,19 +1,13 @@
-"""Tokenize text files into memory-mapped token shards for `attnlab pretrain`.
-
-Documents -> sentences -> token ids (uint16 when the vocabulary fits, else uint32), with document and
-sentence boundaries, and a held-out split. Streams: memory stays flat whatever the corpus size.
-Re-running the same command skips the shards already finished (an interrupted run continues).
-
-Project Gutenberg files are cut to the text between "*** START OF" and "*** END OF". Documents
-(--documents auto): a run of 3+ blank lines or a WikiText " = Title = " heading ends one.
-Lines that are not valid UTF-8 are skipped and counted (--on-bad-utf8 skip, the default), or stop the
-run with an error naming the file and byte offset (--on-bad-utf8 error). Empty files are skipped.
+"""Tokenize text files into memory-mapped token shards for `attnlab pretrain`: documents -> sentences
+-> token ids, with document and sentence boundaries and a held-out split. Memory stays flat
+whatever the corpus size; the same command run again skips the shards already finished.
 
 examples:
-  attnlab prepare --tokenizer ../shared/data/vocab/bert-base-uncased --output /work/runs/corpus \\
-      ../shared/data/gutenberg/*.txt ../shared/data/wikitext-2/valid.txt
-  attnlab prepare --tokenizer char --raw --documents file --heldout 0.1 --heldout-mode tail \\
-      --output /work/runs/shakespeare ../shared/data/tiny_shakespeare/input.txt
+  attnlab prepare --tokenizer runs/tok-wp --output runs/corpus books.txt wiki.txt
+  attnlab prepare --tokenizer char --raw --documents file --heldout 0.1 --output runs/c input.txt
+
+Guide: docs/guides/pretraining-and-distillation.md (how documents are cut, invalid UTF-8:
+docs/guides/command-details.md)
 """
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ import argparse
 from pathlib import Path
 
 NAME = "prepare"
-HELP = "tokenize text files into token shards (with a held-out split) for pretraining"
+HELP = "tokenize text files into token shards for pretraining"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heldout", type=float, default=0.01, help="held-out fraction (default 0.01)")
     p.add_argument("--heldout-mode", choices=("documents", "tail"), default="documents",
                    help="hold out every 1/f-th document (default) or the last fraction of every document")
-    p.add_argument("--shard-tokens", type=int, default=1_000_000, help="tokens per shard (default 1,000,000)")
+    p.add_argument("--shard-tokens", type=int, default=1_000_000, metavar="N",
+                   help="tokens per shard (default 1,000,000)")
     p.add_argument("--on-bad-utf8", choices=("skip", "error"), default="skip",
                    help="invalid UTF-8 lines: skip and count them (default), or stop with file and byte offset")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

@@ -1,18 +1,14 @@
-"""Pretrain a model from a YAML recipe (see configs/pretrain-*.yaml and attnlab/training/pretrain.py).
-
-Overrides are dotted key=value pairs; unknown keys are errors. The same command runs data-parallel
-under torchrun (DDP; gloo on CPU, nccl on CUDA). Outputs go to train.output_dir: metrics.jsonl,
-config.yaml, tokenizer/, checkpoints/step-N/{model,trainer.pt}.
-
-Checkpoints are written atomically, so a run killed at any moment resumes exactly with --resume. A
-checkpoint that cannot be written (e.g. a full disk) or a NaN/inf loss stops the run with one line
-naming the checkpoint or step and the last good checkpoint (exit status 1); train.nan_policy=skip
-skips such steps instead (at most train.max_skips, counted in metrics.jsonl).
+"""Pretrain a model from a YAML recipe (configs/pretrain-*.yaml): masked LM, MLM + NSP/SOP, or causal
+LM. KEY=VALUE pairs override the recipe's dotted keys (an unknown key is an error). Writes into
+train.output_dir: metrics.jsonl, config.yaml, tokenizer/ and checkpoints/step-N/; a killed run
+resumes exactly with --resume. Under torchrun the same command trains data-parallel.
 
 examples:
   attnlab pretrain --config configs/pretrain-bert-mini.yaml train.max_steps=200
   attnlab pretrain --config configs/pretrain-gpt-shakespeare-char.yaml --resume
-  torchrun --nproc_per_node=2 -m attnlab pretrain --config configs/pretrain-bert-mini.yaml
+
+Guide: docs/guides/pretraining-and-distillation.md (checkpoints, NaN policy:
+docs/guides/command-details.md)
 """
 from __future__ import annotations
 

@@ -1,19 +1,15 @@
-"""Prompting a decoder without training it.
-
---task sst2 (default): zero/k-shot sentiment classification. k labelled demonstrations from --pool (drawn with
---seed), then each --data sentence; the label word ("negative"/"positive") with the higher log-probability
-after "Sentiment:" is the prediction. The demonstrations' KV cache is computed once per k.
-
---task arithmetic: generated two-step word problems (seeded, answers known), --shots worked examples, then
-the question; --mode direct (answer only), cot (chain of thought, greedy), self-consistency (majority vote
-over --samples chain-of-thought paths sampled at --temperature).
-
-Prints the results as JSON (--output FILE also keeps every problem's outputs).
+"""Prompt a decoder without training it, and score it. --task sst2 (default): zero/k-shot sentiment;
+k labelled demonstrations from --pool, then each --data sentence (tsv: sentence<TAB>label 0/1);
+the label word with the higher log-probability after "Sentiment:" is the prediction. --task
+arithmetic: generated two-step word problems, answered directly, by chain of thought, or by
+self-consistency (a majority vote over sampled chains). Prints JSON; --output FILE keeps every
+problem's outputs.
 
 examples:
-  attnlab evaluate-prompting --model smollm2 --data heldout.tsv --pool train.tsv --shots 0,1,4,8 --limit 200
-  attnlab evaluate-prompting --model smollm2 --task arithmetic --problems 50 --shots 4 --samples 5 --temperature 0.7
-  attnlab evaluate-prompting --model smollm2 --task arithmetic --mode cot --problems 20 --output arith.json
+  attnlab evaluate-prompting --model smollm2 --data held-out.tsv --pool train.tsv --shots 0,1,4
+  attnlab evaluate-prompting --model smollm2 --task arithmetic --problems 20 --mode cot
+
+Guide: docs/guides/command-details.md (evaluate-prompting)
 """
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ import json
 from pathlib import Path
 
 NAME = "evaluate-prompting"
-HELP = "zero/k-shot SST-2 by label log-probabilities, or arithmetic with chain of thought / self-consistency; JSON"
+HELP = "zero/k-shot prompting of a decoder, scored without training"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="sst2: score only the first N test sentences")
     p.add_argument("--seed", type=int, default=0, help="which demonstrations / problems / samples (default 0)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--mode", type=_modes, default=_modes("direct,cot,self-consistency"),
+    p.add_argument("--mode", type=_modes, default=["direct", "cot", "self-consistency"],
                    help="arithmetic: comma-separated modes (default direct,cot,self-consistency)")
     p.add_argument("--problems", type=int, default=50, help="arithmetic: how many problems (default 50)")
     p.add_argument("--samples", type=int, default=5, help="self-consistency: paths sampled per problem (default 5)")

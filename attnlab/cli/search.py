@@ -1,13 +1,14 @@
-"""Query a retrieval index built by `attnlab index`: the k best passages for a query, or, with --squad, the
-question -> paragraph recall@1/5/20 and per-query latency over a SQuAD-format file (one JSON object).
+"""Query a retrieval index built by `attnlab index`: the k best passages for a query, or, with
+--squad, the question -> paragraph recall@1/5/20 and per-query latency over a SQuAD-format file.
 
-The query is encoded by the index's model (meta.json; --model overrides) the way the index was built:
-dense = cosine of mean-pooled vectors, colbert = MaxSim (sum over query tokens of the best cosine over a
-passage's tokens). A directory that is not an index: one line on stderr, exit status 2.
+The query is encoded by the index's model (from meta.json; --model overrides) the way the index
+was built: dense = cosine of mean-pooled vectors, colbert = MaxSim over the passage's tokens.
 
 examples:
   attnlab search idx/ "When did the Normans conquer England?" -k 5
-  attnlab search idx-colbert/ --squad ../shared/data/squad/dev.json       # recall@k, latency, index bytes
+  attnlab search idx-colbert/ --squad squad-dev.json --limit 200
+
+Guide: docs/guides/embeddings.md
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 NAME = "search"
-HELP = "query a retrieval index (attnlab index); --squad scores recall@k and latency"
+HELP = "query a retrieval index; --squad scores recall@k"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

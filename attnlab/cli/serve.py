@@ -1,23 +1,18 @@
-"""Serve a model over HTTP with OpenAI-shaped endpoints (FastAPI + uvicorn).
-
-An encoder answers POST /v1/embeddings (and POST /v1/classify with a classification head); a decoder
-answers POST /v1/completions and POST /v1/chat/completions ("stream": true for server-sent events),
-decoding all concurrent requests together with continuous batching over a paged KV cache.
-Always: GET /health, GET /metrics (JSON), GET /viz?text=... (the attention page).
-Binds 127.0.0.1 unless --host says otherwise.
-
-Access: with an API key (--api-key KEY, --api-key-file PATH, or the ATTNLAB_API_KEY environment variable)
-every request but GET /health must send `Authorization: Bearer KEY`, else 401. Binding an address other
-than loopback without a key prints a warning. --ssl-certfile/--ssl-keyfile serve HTTPS.
-Stopping: SIGTERM or Ctrl-C answers new requests 503 while the ones in flight finish (at most
---drain-seconds), then closes the port and exits 0; a second signal stops at once.
+"""Serve a model over HTTP with OpenAI-shaped endpoints (FastAPI + uvicorn). An encoder answers POST
+/v1/embeddings (and /v1/classify with a classification head); a decoder POST /v1/completions and
+/v1/chat/completions ("stream": true for server-sent events), decoding concurrent requests
+together. Always: GET /health, /metrics and /viz?text=... Binds 127.0.0.1 unless --host says
+otherwise; with an API key (--api-key-file, or ATTNLAB_API_KEY) every request but GET /health
+needs `Authorization: Bearer KEY`. SIGTERM or Ctrl-C lets the requests in flight finish
+(--drain-seconds), then exits 0.
 
 examples:
   attnlab serve smollm2 --port 8000
-  curl -s localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":20}'
-  attnlab serve sentence-transformers/all-MiniLM-L6-v2 --dtype int8
-  attnlab serve smollm2 --adapter sentiment=runs/smol-sft --adapter german=runs/smol-de   # "model": "german"
-  ATTNLAB_API_KEY=$(cat ~/.attnlab-key) attnlab serve smollm2 --host 0.0.0.0 --ssl-certfile c.pem --ssl-keyfile k.pem
+  attnlab serve minilm --dtype int8
+  attnlab serve smollm2 --adapter sentiment=runs/smol-sft --adapter german=runs/smol-de
+  attnlab serve smollm2 --host 0.0.0.0 --api-key-file key --ssl-certfile c.pem --ssl-keyfile k.pem
+
+Guide: docs/guides/generation-and-serving.md (more: docs/guides/command-details.md)
 """
 from __future__ import annotations
 
@@ -25,12 +20,10 @@ import argparse
 import sys
 
 NAME = "serve"
-HELP = "serve a model over HTTP (embeddings / classify / completions / chat, streaming, /metrics, /viz)"
+HELP = "serve a model over HTTP (OpenAI-shaped embeddings, completions, chat)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..serve.app import Limits
-    d = Limits()
     p.add_argument("model", metavar="MODEL", help="a model directory, a .gguf file or a packaged name")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -41,19 +34,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(unmerged, each in its own engine); a request's \"model\": NAME picks one, no \"model\" "
                         "(or --name) the base model")
     p.add_argument("--name", default=None, help="model name reported in responses (default: MODEL)")
-    p.add_argument("--max-input-tokens", type=int, default=d.max_input_tokens, help="longest accepted input")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="largest accepted max_tokens")
-    p.add_argument("--max-queued", type=int, default=d.max_queued, help="queued requests before 429")
-    p.add_argument("--timeout", type=float, default=d.request_timeout, help="seconds before a request gets 504")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="request body cap (413)")
-    p.add_argument("--max-batch", type=int, default=d.max_batch, help="sequences decoded together")
-    p.add_argument("--kv-blocks", type=int, default=d.num_blocks, help="KV pool size in blocks")
-    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    p.add_argument("--max-input-tokens", type=int, default=None, help="longest accepted input")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="largest accepted max_tokens")
+    p.add_argument("--max-queued", type=int, default=None, help="queued requests before 429")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before a request gets 504")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="request body cap (413)")
+    p.add_argument("--max-batch", type=int, default=None, help="sequences decoded together")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV pool size in blocks")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     p.add_argument("--compile", action="store_true",
-                   help="decoders: run decode steps through torch.compile (1.06-1.5x tokens/s measured on a "
-                        "2-core CPU). The step for contexts up to --compile-tokens is compiled before the server "
-                        "starts (a few minutes per 128-token bucket); a longer bucket compiles on first use, "
-                        "pausing decoding meanwhile")
+                   help="decoders: decode through torch.compile; contexts up to --compile-tokens compile "
+                        "before the server starts, a longer one on first use (pausing decoding)")
     p.add_argument("--compile-tokens", type=int, default=None, metavar="N",
                    help="with --compile: contexts (prompt + generated) up to N tokens are compiled before the "
                         "server starts, in 128-token buckets (default 128: one bucket)")
@@ -63,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "out of the shell history and the process list")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="read the API key from the first line of this file")
+    p.add_argument("--allowed-hosts", default=None, metavar="A,B",
+                   help="Host header names answered besides localhost, 127.0.0.1, [::1] (others get 400); "
+                        "'*' for any. Binding another --host: list the names clients use")
     p.add_argument("--ssl-certfile", default=None, metavar="PATH", help="serve HTTPS with this PEM certificate")
     p.add_argument("--ssl-keyfile", default=None, metavar="PATH", help="the certificate's PEM private key")
     p.add_argument("--drain-seconds", type=float, default=30.0, metavar="S",
@@ -105,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"attnlab serve: warning: {args.host} is reachable from other machines and no API key is set: anyone "
               f"who can reach port {args.port} can use this server (set --api-key-file or {ENV_VAR})",
               file=sys.stderr, flush=True)
+    # Host check (DNS rebinding): loopback names, the address bound when it is a specific one, and the option's
+    allowed = [h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()]
+    if not is_loopback(args.host) and args.host not in ("0.0.0.0", "::", ""):
+        allowed.append(args.host)
+    if not is_loopback(args.host) and args.allowed_hosts is None:
+        print(f"attnlab serve: note: requests are answered only when their Host header names "
+              f"{'loopback' if args.host in ('0.0.0.0', '::', '') else 'loopback or ' + args.host}; add the names "
+              f"clients use with --allowed-hosts (or '*' for any, with an API key set)", file=sys.stderr, flush=True)
     named = [split_named(a) for a in args.adapter or []]
     if named and (any(n is None for n, _ in named) and len(named) > 1 or len({n for n, _ in named}) < len(named)):
         raise SystemExit("attnlab serve: --adapter: either one DIR (merged into MODEL) or NAME=DIR options with "
@@ -131,11 +133,14 @@ def run(args: argparse.Namespace) -> int:
         if args.dtype == "int8" and isinstance(backbone, Encoder) and not backbone.config.causal:
             calibration = calibration_batches(tokenizer)  # SmoothQuant factors for an encoder
         model = quantize(model, args.dtype, inplace=True, calibration=calibration)
-    limits = Limits(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
-                    max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
-                    max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)
+    given = dict(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
+                 max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
+                 max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)
+    # options left out keep Limits' defaults (the parser leaves them None: its --help imports no server code)
+    limits = Limits(**{k: v for k, v in given.items() if v is not None})
     app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile,
-                     compile_tokens=args.compile_tokens, api_key=api_key, adapters=adapters)
+                     compile_tokens=args.compile_tokens, api_key=api_key, adapters=adapters,
+                     allowed_hosts=allowed)
     run_server(app, host=args.host, port=args.port, drain_seconds=args.drain_seconds,
                ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     return 0

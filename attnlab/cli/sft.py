@@ -1,15 +1,14 @@
-"""Instruction-tune a decoder on conversations (supervised fine-tuning), fully or with LoRA.
-
-DATA is JSONL, one conversation per line: {"messages": [{"role": "user", "content": "..."},
-{"role": "assistant", "content": "..."}]} or {"prompt": "...", "completion": "..."}. Conversations are
-rendered with the model's chat template; the loss counts the assistant's tokens only; short
-conversations are packed into rows of --seq-len tokens, each attending only to itself.
-With --lora the adapter is written to OUTPUT in peft's layout (use it with --adapter OUTPUT); without,
-the whole model and its tokenizer. OUTPUT/metrics.json holds the summary.
+"""Instruction-tune a decoder on conversations (supervised fine-tuning), fully or with LoRA. --data
+is JSONL, one conversation a line: {"messages": [{"role": "user", "content": "..."}, {"role":
+"assistant", "content": "..."}]} or {"prompt": "...", "completion": "..."}. The loss counts the
+assistant's tokens only; short conversations are packed into rows of --seq-len tokens. With --lora
+the adapter goes to OUTPUT in peft's layout (use it with --adapter OUTPUT), else the whole model.
 
 examples:
   attnlab sft smollm2 --data chats.jsonl --output runs/smol-sft --lora r=8,alpha=16 --epochs 2
-  attnlab generate smollm2 --adapter runs/smol-sft --chat --prompt "Classify the sentiment: a dull film."
+  attnlab generate smollm2 --adapter runs/smol-sft --chat --prompt "Classify: a dull film."
+
+Guide: docs/guides/adapters-sft-dpo.md
 """
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import argparse
 import json
 
 NAME = "sft"
-HELP = "instruction-tune a decoder on chat data (assistant-only loss, packing, optional LoRA)"
+HELP = "instruction-tune a decoder on chat data (optional LoRA)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default 1)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 2e-4 with --lora, else 2e-5)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 

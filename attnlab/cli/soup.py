@@ -1,13 +1,14 @@
-"""Average the weights of several fine-tuned runs into one model: a uniform model soup (Wortsman et al. 2022).
-The runs must start from the same pretrained checkpoint and train the same task (same architecture, config and
-labels), differing in seed or data order; the soup has one model's size and speed. On SST-2 three plain MiniLM
-runs (90.60 / 89.68 / 90.60 on 872 held-out sentences) average to 91.40, three others (89.56 / 90.60 / 89.91) to
-90.60 (README, fine-tuning section).
+"""Average the weights of several fine-tuned runs into one model: a uniform model soup (Wortsman et
+al. 2022). The runs must start from the same checkpoint and train the same task (same
+architecture, config and labels), differing in seed or data order; the soup has one model's size
+and speed.
 
 examples:
-  for s in 1 2 3; do attnlab finetune sst2 --model minilm --output runs/sst2-s$s --seed $s; done
+  attnlab finetune sst2 --model minilm --output runs/sst2-s1 --seed 1
   attnlab soup runs/sst2-s1 runs/sst2-s2 runs/sst2-s3 --output runs/sst2-soup
-  attnlab evaluate sst2 --model runs/sst2-soup --data held.tsv
+  attnlab evaluate sst2 --model runs/sst2-soup --data held-out.tsv
+
+Guides: docs/guides/fine-tuning.md; what soups measured: docs/guides/fine-tuning-defaults.md
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import json
 import sys
 
 NAME = "soup"
-HELP = "average the weights of fine-tuned runs of one model and task into one model (a model soup)"
+HELP = "average the weights of fine-tuned runs into one model (a model soup)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

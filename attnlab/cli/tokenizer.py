@@ -1,18 +1,18 @@
-"""Train a tokenizer on text files and write files `load_tokenizer` (and transformers) read back.
+"""Train a tokenizer on text files and write the files `load_tokenizer` (and transformers) read back.
 
-  wordpiece  BERT: lower-cased, accents stripped, "##" sub-words; [PAD] [UNK] [CLS] [SEP] [MASK] = ids 0-4;
-             writes vocab.txt, tokenizer.json, tokenizer_config.json
-  bpe        GPT-2: byte-level BPE (never an unknown token), <|endoftext|>;
-             writes tokenizer.json, vocab.json, merges.txt, tokenizer_config.json
-  bart       BART / RoBERTa: the same byte-level BPE with <s> <pad> </s> <unk> = ids 0-3 and <mask> last
-  unigram    SentencePiece Unigram (Kudo 2018): "▁" marks a word's start; <unk> <s> </s> <pad> = ids 0-3;
-             writes tokenizer.json, spiece.model (sentencepiece loads it), tokenizer_config.json
+  wordpiece  BERT: lower-cased, accents stripped, "##" sub-words; [PAD] [UNK] [CLS] [SEP] [MASK]
+  bpe        GPT-2: byte-level BPE (never an unknown token), <|endoftext|>
+  bart       BART / RoBERTa: the same byte-level BPE with <s> <pad> </s> <unk>, and <mask> last
+  unigram    SentencePiece Unigram (Kudo 2018): "▁" starts a word; <unk> <s> </s> <pad> = ids 0-3
   char       one token per character seen (nanoGPT's shakespeare_char); --vocab-size is ignored
 
 examples:
-  attnlab tokenizer train --kind wordpiece --vocab-size 8000 --output runs/tok-wp ../shared/data/gutenberg/*.txt
-  attnlab tokenizer train --kind unigram --vocab-size 8000 --output runs/tok-spm ../shared/data/multi30k/train.*
-  attnlab tokenizer train --kind char --output runs/tok-char ../shared/data/tiny_shakespeare/input.txt
+  attnlab tokenizer train --kind wordpiece --vocab-size 8000 --output runs/tok-wp books.txt
+  attnlab tokenizer train --kind unigram --vocab-size 8000 --output runs/tok-spm train.en train.de
+  attnlab tokenizer train --kind char --output runs/tok-char input.txt
+
+Guide: docs/guides/pretraining-and-distillation.md (the files and special-token ids of each kind:
+docs/guides/command-details.md)
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 NAME = "tokenizer"
-HELP = "train a WordPiece, byte-level BPE, Unigram or character tokenizer on text files"
+HELP = "train a WordPiece, BPE, Unigram or character tokenizer"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,10 +1,12 @@
-"""Translate a text file, one sentence per line, with an encoder-decoder model directory (a model trained
-by `attnlab finetune translation`, or a T5 checkpoint with its tokenizer). Empty lines stay empty lines;
-over-long lines are truncated to --max-length tokens with a warning that counts them.
+"""Translate a text file, one sentence per line, with an encoder-decoder: a model trained by `attnlab
+finetune translation`, or a T5 checkpoint with its tokenizer. Empty lines stay empty; lines over
+--max-length tokens are truncated, with one warning that counts them.
 
-example:
+examples:
   attnlab translate runs/en-de --input val.en --output val.hyp.de --num-beams 4
-  attnlab translate runs/en-de-en --input val.de --output val.hyp.en --target-lang en   # a two-way model
+  attnlab translate runs/en-de-en --input val.de --output val.hyp.en --target-lang en
+
+Guide: docs/guides/command-details.md (translate)
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import argparse
 import sys
 
 NAME = "translate"
-HELP = "translate a file line by line with an encoder-decoder (greedy or beam search)"
+HELP = "translate a file line by line with an encoder-decoder"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,24 +1,16 @@
-"""Write a model's attention for a text as ONE self-contained HTML page (works offline in any browser),
-and optionally PNG heatmaps for reports.
-
-views: head (lines between tokens, per layer and head), model (every layer × head as a small map),
-neuron (query, keys, q·k, scaled score and softmax for one token). The page has all three; --view only
-says which one opens first.
+"""Write a model's attention on a text as ONE self-contained HTML page (it works offline in any
+browser), and optionally PNG heatmaps. Views: head (lines between tokens, per layer and head),
+model (every layer x head as a small map), neuron (query, keys, q.k, scaled score and softmax for
+one token); the page has all three, --view says which opens first. --pattern draws only which
+token may see which (sliding window, global tokens, blocks) as a PNG, running nothing through the
+model.
 
 examples:
   attnlab viz minilm --text "The cat sat on the mat."
   attnlab viz minilm --text "The cat sat." --text-b "It was happy." --output pair.html --view model
   attnlab viz minilm --text "The cat sat." --view neuron --layer 2 --head 5 --png
-  attnlab viz runs/longformer --text "A long document ..." --pattern --global-tokens 0 -o pattern.png
-  attnlab viz runs/bigbird --text "A long document ..." --pattern --head 1 -o pattern.png
-  attnlab viz runs/xlnet-mini/model --text "The cat sat." --order-seed 0 --stream query -o query.html
 
-XLNet: --order-seed samples a factorization order; --stream query shows the query stream (each token
-predicted from the tokens before it in the order, never itself), --stream content the content stream
-(which also sees itself). Two pages, one per stream.
-
---pattern writes only which token may see which (the model's mask recipe: sliding window, Longformer's
-global tokens, BigBird's blocks) as a PNG, and runs nothing through the model.
+Guide: docs/guides/inspection.md (XLNet streams, patterns: docs/guides/command-details.md)
 """
 from __future__ import annotations
 
@@ -26,7 +18,7 @@ import argparse
 from pathlib import Path
 
 NAME = "viz"
-HELP = "attention views (head / model / neuron) as one self-contained HTML page; --png for heatmaps"
+HELP = "attention views of a model on a text, as one self-contained HTML page"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
