@@ -11,9 +11,9 @@ import attnlab.nn.attention as A
 from attnlab.config import preset
 from attnlab.nn import AttentionMask, scaled_dot_product_attention
 from attnlab.nn.cpu_attention import causal_attention
-from attnlab.nn.quantized import kernels
+from attnlab.nn.kernels import kernel_reason
 
-HAS_KERNEL = kernels() is not None and kernels().causal_attention_supported()
+HAS_KERNEL = kernel_reason("causal_attention") == ""
 needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason="needs a C compiler and a CPU with AVX512-BF16")
 
 

@@ -11,7 +11,7 @@ from attnlab.config import preset
 from attnlab.nn import fused
 from attnlab.nn.positions import RotaryEmbedding, rotate_half
 
-pytestmark = pytest.mark.skipif(fused.kernels() is None, reason="no C compiler: the kernels cannot be built")
+pytestmark = pytest.mark.skipif(fused.kernels.library() is None, reason="no C compiler: the kernels cannot be built")
 BF16_ULP = 2 ** -7  # relative spacing of bf16 values
 
 
@@ -86,16 +86,16 @@ def test_a_llama_forward_is_the_same_with_and_without_the_kernels(dtype, monkeyp
     model = attnlab.from_config(cfg).to(dtype).eval()
     ids = torch.randint(0, 300, (2, 200), generator=torch.Generator().manual_seed(1))
     calls = {"n": 0}
-    real = fused.kernels
+    real = fused.kernels.active
 
-    def counted():
-        calls["n"] += 1
-        return real()
-    monkeypatch.setattr(fused, "kernels", counted)
+    def counted(name):
+        calls["n"] += name == "fused_rows"
+        return real(name)
+    monkeypatch.setattr(fused.kernels, "active", counted)
     with_kernels = model(input_ids=ids).logits
     # every norm (2 a layer and the final one) and gate went through them, and in bf16 RoPE (Q and K) too
     assert calls["n"] == 3 * cfg.num_layers + 1 + (2 * cfg.num_layers if dtype == torch.bfloat16 else 0)
-    monkeypatch.setattr(fused, "kernels", lambda: None)
+    monkeypatch.setattr(fused.kernels, "active", lambda name: False)
     without = model(input_ids=ids).logits
     tol = 1e-5 if dtype == torch.float32 else 0.05
     torch.testing.assert_close(with_kernels.float(), without.float(), rtol=tol, atol=tol)

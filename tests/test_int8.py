@@ -19,12 +19,13 @@ from attnlab.inference.embed import embed
 from attnlab.inference.quantize import calibration_batches, linear_precision, quantize
 from attnlab.nn.cpu_attention import short_attention
 from attnlab.nn.int8 import Int8Linear, SmoothedLinear, quantize_rows
+from attnlab.nn.kernels import kernel_reason
 from attnlab.nn.quantized import kernels
 
 
 
 def _torch_rows(monkeypatch, x, factors):
-    monkeypatch.setattr(int8_mod, "kernels", lambda: None)
+    monkeypatch.setattr(int8_mod.kernels, "active", lambda name: False)
     out = quantize_rows(x, factors)
     monkeypatch.undo()
     return out
@@ -63,7 +64,7 @@ def test_int8_linear_equals_integer_arithmetic_and_stays_near_fp32(monkeypatch):
     bound = 0.5 * layer.weight_scale[:, None] / smooth[None, :] * (1 + 1e-5)
     assert ((layer.weight - lin.weight.detach()).abs() <= bound).all()
     # the torch fallback (no compiled kernels) gives the same values
-    monkeypatch.setattr(int8_mod, "kernels", lambda: None)
+    monkeypatch.setattr(int8_mod.kernels, "active", lambda name: False)
     torch.testing.assert_close(layer(x), y, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="input has 95 features, expected 96"):
         layer(x[..., :95])
@@ -102,7 +103,7 @@ def test_short_attention_equals_sdpa(b, hq, hk, tq, tk, d):
     keep[0] = False  # a row with no real key sees every key, as AttentionMask makes it
     for mask in (None, keep):
         out = short_attention(q, k, v, mask, d ** -0.5)
-        if kernels() is None or not kernels().short_attention_supported():
+        if kernel_reason("short_attention"):
             assert out is None  # no AVX-512 here: the caller falls back to torch
             continue
         torch.testing.assert_close(out, _sdpa(q, k, v, mask, d ** -0.5), rtol=1e-5, atol=1e-5)

@@ -11,55 +11,51 @@ ATTNLAB_FUSED=0 turns them off (to tell whether a difference in the last bits co
 """
 from __future__ import annotations
 
-import ctypes
 import os
 
 import torch
 
-from .quantized import kernels, split_rows
+from . import kernels
 
 _MIN_ELEMENTS = 1 << 14  # below, the ctypes call costs more than the pass it saves
 _CHUNK = 1 << 16          # elements per thread at least
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def usable(x: torch.Tensor, *others: torch.Tensor, contiguous: bool = True):
-    """The kernel library when `x` and `others` qualify (see the module doc), else None. `others` must be CPU
+def usable(x: torch.Tensor, *others: torch.Tensor, contiguous: bool = True, kernel: str = "fused_rows") -> bool:
+    """Whether `x` and `others` qualify (see the module doc) and `kernel` runs here. `others` must be CPU
     tensors of x's dtype (or fp32), contiguous; x too unless contiguous=False (then its last dimension)."""
     if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.numel() < _MIN_ELEMENTS
             or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()
             or torch.compiler.is_exporting() or torch.jit.is_tracing() or os.environ.get("ATTNLAB_FUSED") == "0"):
-        return None
+        return False
     if type(x) not in _PLAIN or not (x.is_contiguous() if contiguous else x.stride(-1) == 1):
-        return None  # (a FakeTensor or another subclass may have no memory to hand to C)
+        return False  # (a FakeTensor or another subclass may have no memory to hand to C)
     if any(type(t) not in _PLAIN or t.device.type != "cpu" or t.dtype not in (x.dtype, torch.float32)
            or not t.is_contiguous() for t in others):
-        return None
-    return kernels()
+        return False
+    return kernels.active(kernel)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up, or None when the kernel does not apply. (A new tensor, not written into `gate`: a
     forward hook may hold on to the gate's output.)"""
-    lib = usable(gate, up)
-    if lib is None or gate.shape != up.shape or up.dtype != gate.dtype:
+    if gate.shape != up.shape or up.dtype != gate.dtype or not usable(gate, up):
         return None
     out = torch.empty_like(gate)
-    args = (gate.data_ptr(), up.data_ptr(), out.data_ptr(), int(gate.dtype == torch.bfloat16))
-    split_rows(lambda start, end: lib.silu_mul_rows(*args, start, end), gate.numel(), _CHUNK)
+    kernels.call("silu_mul_rows", gate, up, out, int(gate.dtype == torch.bfloat16), min_rows=_CHUNK)
     return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """weight * round(x / sqrt(mean(x^2, -1) + eps)) over the last dimension, or None when the kernel does
     not apply."""
-    lib = usable(x, weight)
-    if lib is None or weight.dim() != 1 or x.size(-1) != weight.numel() or weight.dtype != x.dtype:
+    if weight.dim() != 1 or x.size(-1) != weight.numel() or weight.dtype != x.dtype or not usable(x, weight):
         return None
     out = torch.empty_like(x)
     cols = x.size(-1)
-    args = (x.data_ptr(), weight.data_ptr(), out.data_ptr(), cols, float(eps), int(x.dtype == torch.bfloat16))
-    split_rows(lambda start, end: lib.rms_norm_rows(*args, start, end), x.numel() // cols, max(1, _CHUNK // cols))
+    kernels.call("rms_norm_rows", x, weight, out, cols, float(eps), int(x.dtype == torch.bfloat16),
+                 min_rows=max(1, _CHUNK // cols))
     return out
 
 
@@ -73,14 +69,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor 
     if (x.stride(-1) != 1 or d % 2 or tuple(cos.shape[2:]) != (t, d) or cos.size(0) not in (1, b)
             or cos.dtype != sin.dtype or cos.dtype not in (torch.float32, x.dtype)):
         return None
-    lib = usable(x, cos, sin, contiguous=False)
-    if lib is None:
+    if not usable(x, cos, sin, contiguous=False):
         return None
     out = torch.empty_like(x)  # preserve_format: x's layout when x is dense, else contiguous
-    xs, os_ = ((ctypes.c_int64 * 3)(*y.stride()[:3]) for y in (x, out))
-    args = (x.data_ptr(), xs, cos.data_ptr(), sin.data_ptr(), t * d if cos.size(0) > 1 else 0,
-            int(cos.dtype == torch.bfloat16), out.data_ptr(), os_, h, t, d, int(x.dtype == torch.bfloat16))
-    split_rows(lambda start, end: lib.rope_rows(*args, start, end), b * h * t, max(1, _CHUNK // d))
+    kernels.call("rope_rows", x, cos, sin, t * d if cos.size(0) > 1 else 0, int(cos.dtype == torch.bfloat16),
+                 out, h, t, d, int(x.dtype == torch.bfloat16), min_rows=max(1, _CHUNK // d))
     return out
 
 
@@ -90,15 +83,13 @@ def lse_tile(logits: torch.Tensor, targets: torch.Tensor, v0: int, run_max: torc
     max `run_max` and sum `run_sum` of e^(logit - max) (fp32, (n,)), and copy the logit of `targets` (int64)
     into `picked` where it falls in columns [v0, v0 + cols). False (nothing done) when the kernel does not
     apply; then the caller folds the tile in with torch's ops."""
-    lib = usable(logits)
     n = logits.size(0) if logits.dim() == 2 else -1
-    if (lib is None or n < 1 or targets.dtype != torch.int64 or not targets.is_contiguous()
+    if (n < 1 or not usable(logits) or targets.dtype != torch.int64 or not targets.is_contiguous()
             or any(t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"
                    for t in (run_max, run_sum, picked)) or not all(t.numel() == n for t in (targets, run_max,
                                                                                             run_sum, picked))):
         return False
     cols = logits.size(1)
-    args = (logits.data_ptr(), cols, int(logits.dtype == torch.bfloat16), targets.data_ptr(), v0,
-            run_max.data_ptr(), run_sum.data_ptr(), picked.data_ptr())
-    split_rows(lambda start, end: lib.lse_tile_rows(*args, start, end), n, max(1, _CHUNK // cols))
+    kernels.call("lse_tile_rows", logits, cols, int(logits.dtype == torch.bfloat16), targets, int(v0), run_max,
+                 run_sum, picked, min_rows=max(1, _CHUNK // cols))
     return True

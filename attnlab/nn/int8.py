@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import kernels
 from .precision import cpu_flags
-from .quantized import kernels
 
 # int8 dot-product instructions: with them `_int_mm` is ~4.6x an fp32 matmul here (640x384 @ 384x1536,
 # one thread, avx512_vnni); without them torch's CPU `_int_mm` is a plain loop, slower than fp32.
@@ -39,19 +39,24 @@ def int8_is_fast(device: str = "cpu") -> bool:
     return any(f in cpu_flags() for f in INT8_DOT)
 
 
+def _c_ready(t: torch.Tensor | None) -> bool:
+    """A buffer C can read as it is: None, or a plain contiguous fp32 CPU tensor (attribute checks only: `.to()`
+    or `.half()` on the model may have changed it since construction)."""
+    return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+
+
 def quantize_rows(x: torch.Tensor, factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, cols) fp32 -> (int8 rows, one fp32 scale per row), after multiplying the columns by `factors`."""
     rows, cols = x.shape
-    lib = kernels() if x.device.type == "cpu" else None
-    if lib is not None:
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and _c_ready(factors)
+            and (factors is None or factors.numel() == cols) and kernels.active("int8_rows")):
         x = x.contiguous()
         q = torch.empty(rows, cols, dtype=torch.int8)
         scale = torch.empty(rows, 1, dtype=torch.float32)
-        lib.int8_quantize_rows(x.data_ptr(), None if factors is None else factors.data_ptr(), rows, cols,
-                               q.data_ptr(), scale.data_ptr())
+        kernels.call("int8_quantize_rows", x, factors, rows, cols, q, scale)
         return q, scale
     if factors is not None:
-        x = x * factors
+        x = x * factors.float()
     amax = x.abs().amax(-1, keepdim=True)
     scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
     return (x * (1 / scale)).round_().clamp_(-127, 127).to(torch.int8), scale
@@ -64,7 +69,16 @@ class Int8Linear(nn.Module):
     def __init__(self, weight_q: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  factors: torch.Tensor | None) -> None:
         super().__init__()
+        if weight_q.dim() != 2 or weight_q.dtype != torch.int8:
+            raise ValueError(f"Int8Linear: weight_q must be a 2-D int8 (in, out) tensor, got {weight_q.dtype} "
+                             f"{tuple(weight_q.shape)}")
         self.in_features, self.out_features = weight_q.shape
+        # sizes once here (C reads them by these counts); dtype, device and layout, which .to() may change,
+        # are checked at each call
+        for name, t, n in (("weight_scale", weight_scale, self.out_features), ("bias", bias, self.out_features),
+                           ("factors", factors, self.in_features)):
+            if t is not None and (not t.is_floating_point() or t.numel() != n):
+                raise ValueError(f"Int8Linear: {name} must hold {n} floats, got {t.dtype} {tuple(t.shape)}")
         self.register_buffer("weight_q", weight_q)
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", bias)
@@ -114,15 +128,14 @@ class Int8Linear(nn.Module):
         q, scale = quantize_rows(x2, self.factors)
         acc = torch._int_mm(q, self.weight_q) if q.size(0) > 16 or not q.is_cuda else \
             (q.float() @ self.weight_q.float()).round().to(torch.int32)  # CUDA's kernel wants > 16 rows
-        lib = kernels() if acc.device.type == "cpu" else None
-        if lib is not None and acc.is_contiguous():
-            lib.int8_dequant_rows(acc.data_ptr(), scale.data_ptr(), self.weight_scale.data_ptr(),
-                                  None if self.bias is None else self.bias.data_ptr(), acc.size(0), acc.size(1))
+        if (acc.device.type == "cpu" and acc.is_contiguous() and _c_ready(self.weight_scale) and _c_ready(self.bias)
+                and kernels.active("int8_rows")):
+            kernels.call("int8_dequant_rows", acc, scale, self.weight_scale, self.bias, acc.size(0), acc.size(1))
             out = acc.view(torch.float32)  # the kernel wrote the floats over the int32 products
-        else:
-            out = acc.float() * (scale * self.weight_scale)
+        else:  # (buffers a cast of the model made bf16/fp16 are read in fp32, as the kernel would)
+            out = acc.float() * (scale * self.weight_scale.float())
             if self.bias is not None:
-                out += self.bias
+                out += self.bias.float()
         return out.view(*shape[:-1], self.out_features).to(dtype)
 
 

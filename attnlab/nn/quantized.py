@@ -6,94 +6,41 @@ reading 4.5-bit blocks instead of 32-bit floats is most of the speed-up at batch
 `csrc/ggml_blocks.c` (blocks widened in registers against fp32 activations; in the batch-1 decode step,
 where the CPU has AVX512-VNNI, each activation row is quantized to int8 per block of 32 for integer dot
 products, as llama.cpp does: `exact_products` turns that off; see the file's header for the layouts),
-built once per machine with the system C compiler (about a second, `cc -O3 -march=native`) into
-`~/.cache/attnlab/kernels/` (or $ATTNLAB_CACHE/kernels) and called through ctypes. With no C compiler,
-`available()` is False and GGUF files load dequantized to fp32 as before.
+built once per machine with the system C compiler and called through the checked door of nn/kernels.py.
+With no C compiler, `available()` is False, GGUF files load dequantized to fp32 as before, and these
+modules (built by hand) dequantize tiles with torch's ops: same numbers, slower.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from .precision import cache_root, cpu_key
+from . import kernels as door
+from .kernel_signatures import BLOCK_BYTES
+from .kernels import split_rows  # noqa: F401  (re-exported: callers split their rows the same way)
 
 # GGML type id -> (name, bytes per block of 32 weights)
-BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
-# every C kernel of the package, built into one library: the GGUF block products here, the int8 rows of
-# nn/int8.py, the short-sequence and bf16 causal attention of nn/cpu_attention.py and the one-pass rows of
-# nn/fused.py (csrc/*.h: included by them)
-_SOURCES = [Path(__file__).with_name("csrc") / name
-            for name in ("ggml_blocks.c", "int8_rows.c", "short_attention.c", "fused_rows.c", "causal_attention.c")]
+BLOCK_TYPES = {kind: (name, BLOCK_BYTES[kind]) for kind, name in ((2, "Q4_0"), (3, "Q4_1"), (8, "Q8_0"))}
 # From this many input rows on, BlockLinear dequantizes weight tiles and multiplies with torch's GEMM; below,
 # the block kernel's dot products (batch-1 decoding reads each weight once: bytes moved dominate).
 GEMM_ROWS = 64
 _TILE_WEIGHTS = 1 << 20  # weights dequantized at a time (4 MB fp32): every SmolLM2 matrix but the LM head
-_lib = None
-_error: str | None = None
-_pool: ThreadPoolExecutor | None = None
-
-
-def _build() -> ctypes.CDLL:
-    headers = sorted(_SOURCES[0].parent.glob("*.h"))  # included by the sources: a change must rebuild too
-    src = b"".join(path.read_bytes() for path in [*_SOURCES, *headers])
-    tag = hashlib.sha256(src + cpu_key().encode()).hexdigest()[:16]
-    out = cache_root() / "kernels" / f"attnlab-kernels-{tag}.so"
-    if not out.exists():
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-        if cc is None:
-            raise OSError("no C compiler (cc/gcc/clang) found")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, rename: safe for parallel runs
-            tmp_so = Path(tmp) / out.name
-            cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp_so), *map(str, _SOURCES), "-lm"]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            if res.returncode:
-                raise OSError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-400:]}")
-            os.replace(tmp_so, out)
-    lib = ctypes.CDLL(str(out))
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.ggml_matmul.argtypes = [ctypes.c_int, p, i64, i64, p, i64, p]
-    lib.ggml_rows.argtypes = [ctypes.c_int, p, i64, p, i64, p]
-    lib.ggml_rows_bf16.argtypes = [ctypes.c_int, p, i64, p, i64, p]
-    lib.ggml_exact.argtypes = [ctypes.c_int]
-    lib.ggml_matvec_step.argtypes = [ctypes.c_int, p, i64, p, i64, p]
-    if os.environ.get("ATTNLAB_GGUF_EXACT") == "1":
-        lib.ggml_exact(1)
-    i32, f32 = ctypes.c_int, ctypes.c_float
-    lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
-    lib.int8_quantize_rows.argtypes = [p, p, i64, i64, p, p]
-    lib.int8_dequant_rows.argtypes = [p, p, p, p, i64, i64]
-    lib.short_attention.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, p, f32, p, i64, i64]
-    lib.short_attention_supported.restype = i32
-    lib.silu_mul_rows.argtypes = [p, p, p, i32, i64, i64]
-    lib.rms_norm_rows.argtypes = [p, p, p, i64, f32, i32, i64, i64]
-    lib.rope_rows.argtypes = [p, p, p, p, i64, i32, p, p, i64, i64, i64, i32, i64, i64]
-    lib.lse_tile_rows.argtypes = [p, i64, i32, p, i64, p, p, p, i64, i64]
-    lib.causal_attention_supported.restype = i32
-    lib.causal_attention_bf16.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, f32, i64, i64]
-    lib.causal_attention_bf16.restype = i32
-    return lib
+_exact_set = False
 
 
 def kernels():
-    """The compiled kernels (built on first use), or None when they cannot be built (see `why_unavailable`)."""
-    global _lib, _error
-    if _lib is None and _error is None:
-        try:
-            _lib = _build()
-        except OSError as err:
-            _error = str(err)
-    return _lib
+    """The compiled library when the block kernels run here, else None (see `why_unavailable`)."""
+    global _exact_set
+    if not door.active("ggml_blocks"):
+        return None
+    if not _exact_set:
+        _exact_set = True
+        if os.environ.get("ATTNLAB_GGUF_EXACT") == "1":
+            door.call("ggml_exact", 1)
+    return door.library()
 
 
 @contextlib.contextmanager
@@ -104,26 +51,12 @@ def exact_products(on: bool = True):
     with AVX512-VNNI; see csrc/ggml_blocks.c). Everything else (prompts, the LM head, BlockLinear called
     from Python) is exact either way. ATTNLAB_GGUF_EXACT=1 (or `generate --exact`) makes exact the default."""
     lib = kernels()
-    old = lib.ggml_exact(int(on)) if lib is not None else 1
+    old = door.call("ggml_exact", int(on)) if lib is not None else 1
     try:
         yield
     finally:
         if lib is not None:
-            lib.ggml_exact(old)
-
-
-def split_rows(call, rows: int, min_rows: int = 1) -> None:
-    """call(start, end) over [0, rows), split across torch's intra-op thread count (at least `min_rows` each):
-    a kernel call releases the GIL (ctypes), so the threads run in parallel."""
-    threads = max(1, min(torch.get_num_threads(), rows // max(1, min_rows)))
-    if threads == 1:
-        call(0, rows)
-        return
-    global _pool
-    if _pool is None or _pool._max_workers < threads:
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnlab-kernels")
-    cuts = [rows * i // threads for i in range(threads + 1)]
-    list(_pool.map(lambda i: call(cuts[i], cuts[i + 1]), range(threads)))
+            door.call("ggml_exact", old)
 
 
 def available() -> bool:
@@ -131,8 +64,7 @@ def available() -> bool:
 
 
 def why_unavailable() -> str | None:
-    kernels()
-    return _error
+    return door.kernel_reason("ggml_blocks") or None
 
 
 def _check_blocks(blocks: torch.Tensor, kind: int, rows: int, cols: int, what: str) -> None:
@@ -170,17 +102,16 @@ class BlockLinear(nn.Module):
                                torch.arange(self.out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lib = kernels()
-        if lib is None:
-            raise RuntimeError(f"quantized GGUF kernels unavailable: {_error}")
         if x.size(-1) != self.in_features:
             raise ValueError(f"BlockLinear: input has {x.size(-1)} features, expected {self.in_features}")
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("BlockLinear is inference-only (no gradients through quantized blocks)")
+        if x.device != self.blocks.device:
+            raise ValueError(f"BlockLinear: blocks are on {self.blocks.device}, the input on {x.device}")
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if x2.size(0) >= GEMM_ROWS:
-            out = self._gemm(x2)
+        if x2.size(0) >= GEMM_ROWS or x.device.type != "cpu" or kernels() is None:
+            out = self._gemm(x2)  # (and torch's ops wherever the block kernel cannot run)
             if self.bias is not None:
                 out += self.bias.to(out.dtype)
             return out.view(*shape[:-1], self.out_features).to(x.dtype)
@@ -188,13 +119,11 @@ class BlockLinear(nn.Module):
             x2 = x2.to(torch.float32).contiguous()
         m = x2.size(0)
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        lib.ggml_matmul(self.kind, x2.data_ptr(), m, self.in_features, self.blocks.data_ptr(), self.out_features,
-                        out.data_ptr())
+        door.call("ggml_matmul", self.kind, x2, m, self.in_features, self.blocks, self.out_features, out)
         if self.bias is not None:
             out += self.bias
         out = out.view(*shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
-
 
     def dequantized(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Weight rows start..end-1 (output features) as an (end - start, in_features) fp32 or bf16 tile."""
@@ -218,18 +147,34 @@ def dequantize_rows(blocks: torch.Tensor, kind: int, cols: int, ids: torch.Tenso
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Rows `ids` of a block-quantized (rows, cols) matrix, shape (*ids.shape, cols), in fp32 or bf16 (rounded
     as torch casts fp32 to bf16, written directly: no fp32 tile to allocate and cast)."""
-    lib = kernels()
-    if lib is None:
-        raise RuntimeError(f"quantized GGUF kernels unavailable: {_error}")
-    flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= blocks.size(0)):
-        raise IndexError(f"token id out of range [0, {blocks.size(0)})")
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dequantize_rows: dtype must be float32 or bfloat16, got {dtype}")
+    _check_blocks(blocks, kind, blocks.size(0) if blocks.dim() == 2 else -1, cols, "dequantize_rows")
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.device.type != "meta" and flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= blocks.size(0)):
+        raise IndexError(f"token id out of range [0, {blocks.size(0)})")
+    if blocks.device.type != "cpu" or flat.device.type != "cpu" or kernels() is None:
+        return _dequantize_torch(blocks, kind, cols, flat.to(blocks.device), dtype).view(*ids.shape, cols)
     out = torch.empty(flat.numel(), cols, dtype=dtype)
-    rows = lib.ggml_rows if dtype == torch.float32 else lib.ggml_rows_bf16
-    rows(kind, blocks.data_ptr(), cols, flat.data_ptr(), flat.numel(), out.data_ptr())
+    door.call("ggml_rows" if dtype == torch.float32 else "ggml_rows_bf16", kind, blocks, blocks.size(0), cols,
+              flat, flat.numel(), out)
     return out.view(*ids.shape, cols)
+
+
+def _dequantize_torch(blocks: torch.Tensor, kind: int, cols: int, ids: torch.Tensor,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """The kernel's dequantization in torch's ops (see csrc/ggml_blocks.c for the layouts): (n, cols)."""
+    size = BLOCK_TYPES[kind][1]
+    raw = blocks.index_select(0, ids).view(ids.numel(), cols // 32, size)
+    d = raw[..., :2].contiguous().view(torch.float16).float()  # (n, blocks, 1)
+    if kind == 8:
+        w = d * raw[..., 2:].contiguous().view(torch.int8).float()
+    else:
+        nib = raw[..., 4 if kind == 3 else 2:]
+        codes = torch.cat((nib & 15, nib >> 4), dim=-1).float()  # byte j: weight j (low), weight j + 16 (high)
+        m = raw[..., 2:4].contiguous().view(torch.float16).float() if kind == 3 else -8 * d
+        w = torch.addcmul(m, d, codes)
+    return w.reshape(ids.numel(), cols).to(dtype)
 
 
 class BlockEmbedding(nn.Module):

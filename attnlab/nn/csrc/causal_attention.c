@@ -1,5 +1,5 @@
 /* Causal self-attention in bf16 for inference on a CPU with AVX512-BF16 (attnlab/nn/cpu_attention.py).
- * Part of attnlab; built with the other kernels by attnlab/nn/quantized.py and called via ctypes.
+ * Part of attnlab; built with the other kernels and called through the checked door of attnlab/nn/kernels.py.
  *
  * Why: scoring long windows in bf16 (`evaluate lm`, a prompt's prefill), torch's CPU flash kernel ran at
  * ~26 GFLOP/s on SmolLM2's heads (T = 512, d = 64, one thread) while its GEMMs ran at ~210: attention was 21%

@@ -1,5 +1,5 @@
 /* One-pass element-wise kernels for inference on a CPU, fp32 or bf16 rows (attnlab/nn/fused.py).
- * Part of attnlab; built with the other kernels by attnlab/nn/quantized.py and called via ctypes.
+ * Part of attnlab; built with the other kernels and called through the checked door of attnlab/nn/kernels.py.
  *
  * Why: in a LLaMA-style model evaluated in bf16 on a CPU the GEMMs and attention are torch's, but torch's
  * RMSNorm (pow, mean, rsqrt, two multiplies and casts, each a pass over the activations) and SiLU-gate
@@ -64,8 +64,9 @@ AI void silu_mul(const void *gate, const void *up, void *out, int bf16, int64_t 
     }
 }
 
-void silu_mul_rows(const void *gate, const void *up, void *out, int bf16, int64_t start, int64_t end) {
+int silu_mul_rows(const void *gate, const void *up, void *out, int bf16, int64_t start, int64_t end) {
     if (bf16) silu_mul(gate, up, out, 1, start, end); else silu_mul(gate, up, out, 0, start, end);
+    return 0;
 }
 
 /* RMSNorm of rows [start, end) of x (rows of `cols`, contiguous): out = w * (x / sqrt(mean(x^2) + eps)),
@@ -87,9 +88,11 @@ AI void rms_norm(const void *x, const void *w, void *out, int64_t cols, float ep
     }
 }
 
-void rms_norm_rows(const void *x, const void *w, void *out, int64_t cols, float eps, int bf16,
+int rms_norm_rows(const void *x, const void *w, void *out, int64_t cols, float eps, int bf16,
                    int64_t start, int64_t end) {
+    if (cols <= 0) return -1;
     if (bf16) rms_norm(x, w, out, cols, eps, 1, start, end); else rms_norm(x, w, out, cols, eps, 0, start, end);
+    return 0;
 }
 
 /* Rotary embedding (Su et al. 2021) of rows [start, end) of x (B, H, T, D), flattened over (B, H, T); x and
@@ -116,11 +119,13 @@ AI void rope(const void *x, const int64_t *xs, const void *cos, const void *sin,
     }
 }
 
-void rope_rows(const void *x, const int64_t *xs, const void *cos, const void *sin, int64_t cs_batch, int cs_bf16,
+int rope_rows(const void *x, const int64_t *xs, const void *cos, const void *sin, int64_t cs_batch, int cs_bf16,
                void *out, const int64_t *os, int64_t H, int64_t T, int64_t D, int bf16, int64_t start, int64_t end) {
+    if (D % 2 || H <= 0 || T <= 0 || (!bf16 && cs_bf16)) return -1;
     if (bf16 && cs_bf16) rope(x, xs, cos, sin, cs_batch, 1, out, os, H, T, D, 1, start, end);
     else if (bf16) rope(x, xs, cos, sin, cs_batch, 0, out, os, H, T, D, 1, start, end);
     else rope(x, xs, cos, sin, cs_batch, 0, out, os, H, T, D, 0, start, end);
+    return 0;
 }
 
 /* One vocabulary tile of a language model's log-softmax, rows [start, end) of `logits` (rows of `cols`, fp32 or
@@ -152,8 +157,9 @@ AI void lse_tile(const void *logits, int64_t cols, int bf16, const int64_t *targ
     }
 }
 
-void lse_tile_rows(const void *logits, int64_t cols, int bf16, const int64_t *target, int64_t v0,
+int lse_tile_rows(const void *logits, int64_t cols, int bf16, const int64_t *target, int64_t v0,
                    float *run_max, float *run_sum, float *picked, int64_t start, int64_t end) {
     if (bf16) lse_tile(logits, cols, 1, target, v0, run_max, run_sum, picked, start, end);
     else lse_tile(logits, cols, 0, target, v0, run_max, run_sum, picked, start, end);
+    return 0;
 }

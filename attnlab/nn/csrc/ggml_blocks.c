@@ -1,6 +1,6 @@
 /* Matrix products straight from llama.cpp's block-quantized weights (GGUF Q4_0, Q4_1, Q8_0), fp32 activations.
  *
- * Part of attnlab (attnlab/nn/quantized.py builds it with the machine's C compiler and calls it via ctypes).
+ * Part of attnlab (built with the machine's C compiler and called through the checked door of attnlab/nn/kernels.py).
  * Written from the published GGUF block layouts, 32 weights per block:
  *   Q4_0: fp16 d, 16 bytes of nibbles          w = d * (q - 8)    q in 0..15
  *   Q4_1: fp16 d, fp16 m, 16 bytes of nibbles  w = d * q + m      q in 0..15
@@ -311,8 +311,11 @@ static inline void put(void *out, int64_t i, float v, int bf16) {
 
 /* Dequantize rows `ids` (n of them) of a (rows, K) quantized matrix into out (n, K), fp32 or bf16: an embedding
  * lookup, or a weight tile for a GEMM (bf16 written directly: no fp32 tile to allocate and cast). */
-static int rows_to(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, void *out, int bf16) {
+static int rows_to(int kind, const uint8_t *w, int64_t rows, int64_t K, const int64_t *ids, int64_t n, void *out,
+                   int bf16) {
     if (K % 32) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= rows) return -2;  /* nothing written */
     const int nb = (int)(K / 32);
     const int bs = kind == 2 ? 18 : kind == 3 ? 20 : kind == 8 ? 34 : 0;
     if (!bs) return -1;
@@ -338,12 +341,13 @@ static int rows_to(int kind, const uint8_t *w, int64_t K, const int64_t *ids, in
     return 0;
 }
 
-int ggml_rows(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, float *out) {
-    return rows_to(kind, w, K, ids, n, out, 0);
+int ggml_rows(int kind, const uint8_t *w, int64_t rows, int64_t K, const int64_t *ids, int64_t n, float *out) {
+    return rows_to(kind, w, rows, K, ids, n, out, 0);
 }
 
-int ggml_rows_bf16(int kind, const uint8_t *w, int64_t K, const int64_t *ids, int64_t n, uint16_t *out) {
-    return rows_to(kind, w, K, ids, n, out, 1);
+int ggml_rows_bf16(int kind, const uint8_t *w, int64_t rows, int64_t K, const int64_t *ids, int64_t n,
+                   uint16_t *out) {
+    return rows_to(kind, w, rows, K, ids, n, out, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 /* The element-wise ends of an int8 linear layer (attnlab/nn/int8.py): quantize activations one row (token)
- * at a time, and turn the int32 products back into floats. Part of attnlab; built together with
- * ggml_blocks.c by attnlab/nn/quantized.py and called via ctypes.
+ * at a time, and turn the int32 products back into floats. Part of attnlab; built with the other kernels and
+ * called through the checked door of attnlab/nn/kernels.py.
  *
  * Why in C: done with torch ops, each end is 4-5 passes over the activations (multiply by the smoothing
  * factors, abs, max, divide, round, cast; cast, outer product of scales, multiply-add), which cost as much
@@ -18,7 +18,8 @@
 #include <immintrin.h>
 #endif
 
-void int8_quantize_rows(const float *x, const float *f, int64_t rows, int64_t cols, int8_t *q, float *scale) {
+int int8_quantize_rows(const float *x, const float *f, int64_t rows, int64_t cols, int8_t *q, float *scale) {
+    if (rows < 0 || cols < 0) return -1;
     for (int64_t m = 0; m < rows; m++) {
         const float *xr = x + m * cols;
         int8_t *qr = q + m * cols;
@@ -56,12 +57,14 @@ void int8_quantize_rows(const float *x, const float *f, int64_t rows, int64_t co
             qr[k] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
         }
     }
+    return 0;
 }
 
 /* In place: the int32 products are overwritten by their float values (same size). A fresh 4 MB output
  * for each of MiniLM's FFN products would cost page faults and write-allocate traffic on top of the pass. */
-void int8_dequant_rows(int32_t *acc, const float *restrict scale, const float *restrict wscale,
+int int8_dequant_rows(int32_t *acc, const float *restrict scale, const float *restrict wscale,
                        const float *restrict bias, int64_t rows, int64_t cols) {
+    if (rows < 0 || cols < 0) return -1;
     for (int64_t m = 0; m < rows; m++) {
         int32_t *ar = acc + m * cols;
         const float s = scale[m];
@@ -81,4 +84,5 @@ void int8_dequant_rows(int32_t *acc, const float *restrict scale, const float *r
             memcpy(ar + n, &v, sizeof v);
         }
     }
+    return 0;
 }

@@ -1,5 +1,5 @@
 /* Softmax attention over short sequences on a CPU core, fp32, with a key-padding mask (attnlab/nn/cpu_attention.py).
- * Part of attnlab; built with the other kernels by attnlab/nn/quantized.py and called via ctypes.
+ * Part of attnlab; built with the other kernels and called through the checked door of attnlab/nn/kernels.py.
  *
  * Why: an encoder over sentences runs attention on many small (T x T) problems: MiniLM on length-sorted
  * batches of 32 sentences is 384 heads of T ~ 10-60 per layer. torch's CPU flash kernel and batched GEMMs
@@ -29,14 +29,16 @@ int short_attention_supported(void) { return 1; }
                          tile load serves 8 queries */
 #define MAX_TILE 16384 /* D x padded Tk floats of transposed keys: 64 KB of stack */
 
-void short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
+int short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
                      const int64_t *vs, int64_t B, int64_t Hq, int64_t Hk, int64_t Tq, int64_t Tk, int64_t D,
                      const uint8_t *keep, float scale, float *out, int64_t start, int64_t end) {
+    if (Hk <= 0 || Hq % Hk || D <= 0 || D % 16 || D > 128 || Tk <= 0 || D * ((Tk + 15) & ~(int64_t)15) > MAX_TILE
+        || start < 0 || end > B * Hq)
+        return -1;  /* the caller's checks failed to hold: read nothing */
     const int64_t tp = (Tk + 15) & ~(int64_t)15, chunks = tp / 16, dc = D / 16, group = Hq / Hk;
     float kt[MAX_TILE];
     float s[QB][MAX_TILE / 16];
     __mmask16 valid[MAX_TILE / 256];
-    (void)B;
     for (int64_t bh = start; bh < end; bh++) {
         const int64_t b = bh / Hq, h = bh % Hq, hk = h / group;
         const float *qb = q + b * qs[0] + h * qs[1];
@@ -98,14 +100,16 @@ void short_attention(const float *q, const int64_t *qs, const float *k, const in
             }
         }
     }
+    return 0;
 }
 #else
 int short_attention_supported(void) { return 0; }
 
-void short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
+int short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
                      const int64_t *vs, int64_t B, int64_t Hq, int64_t Hk, int64_t Tq, int64_t Tk, int64_t D,
                      const uint8_t *keep, float scale, float *out, int64_t start, int64_t end) {
     (void)q; (void)qs; (void)k; (void)ks; (void)v; (void)vs; (void)B; (void)Hq; (void)Hk; (void)Tq; (void)Tk;
     (void)D; (void)keep; (void)scale; (void)out; (void)start; (void)end;
+    return -1;
 }
 #endif
