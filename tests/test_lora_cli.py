@@ -151,7 +151,7 @@ def test_serve_several_named_adapters_over_one_base(tiny_llama, monkeypatch):
     assert views["a"].backbone.layers[0].attn.q.weight is shared is views["b"].backbone.layers[0].attn.q.weight
 
     monkeypatch.undo()
-    app = app_module.create_app(base, tok, name="tiny", adapters=views)
+    app = app_module.create_app(base, tok, name="tiny", adapters=views, allowed_hosts=["testserver"])  # TestClient
     prompt = "Once upon a time"
     p_ids = tok.encode(prompt, add_special_tokens=False)
 
@@ -169,7 +169,7 @@ def test_serve_several_named_adapters_over_one_base(tiny_llama, monkeypatch):
         err = r.json()["error"]
         assert err["param"] == "model" and "'c'" in err["message"] and "tiny, a, b" in err["message"]
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "a", "b"]
-        assert client.get("/health").json()["adapters"] == ["a", "b"]
+        assert client.get("/metrics").json()["server"]["adapters"] == ["a", "b"]
 
 
 def test_adapter_view_refuses_an_adapter_that_saves_whole_modules(tiny_llama, tmp_path):

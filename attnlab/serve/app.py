@@ -4,7 +4,7 @@ Which endpoints exist depends on the model:
   encoder (BERT-like)       POST /v1/embeddings, and POST /v1/classify when it has a classification head
   decoder (GPT-2, LLaMA…)   POST /v1/completions, POST /v1/chat/completions (`"stream": true` = server-sent events),
                             and POST /v1/embeddings
-  always                    GET /health, GET /metrics, GET /viz?text=... (the attention page)
+  always                    GET /health, GET /metrics, GET /viz?text=... (the attention page, viz.py)
 
 Embeddings from a decoder are what OpenAI-compatible servers (vLLM's pooling runner, llama.cpp's
 --embeddings) give for a causal LM: the final hidden states (before the LM head) mean-pooled over the
@@ -16,13 +16,16 @@ Decoding goes through the continuous-batching engine (attnlab.inference.engine) 
 concurrent requests share every forward pass; embedding/classification jobs are batched by
 `EncoderWorker` (on a decoder it takes the engine's `forward_lock`, so the two never run the model at
 once). Limits protect the process: max input tokens, max new tokens, max queued requests (429), a
-request timeout (504, the request's KV blocks are freed), a body size cap (413). A client that
-disconnects mid-stream has its request cancelled, which returns its KV blocks to the pool; /metrics
-reports `kv_blocks_free` / `kv_blocks_total`, equal whenever nothing is running. Every rejection is a
-4xx with a JSON body `{"error": {"message", "type", "param", "code"}}`. With `api_key=`, requests other than
-GET /health need `Authorization: Bearer <key>` (auth.py); a generation step that raises fails only the
-requests of that pass with a 500 (the engine goes on; /health reports it); drain.py stops the server
-without dropping requests in flight.
+request timeout (504, the request's KV blocks are freed), a body size cap (413, whether the body comes
+with a Content-Length or chunked), a cap on the /viz page's weights (413). A client that disconnects,
+mid-stream or while waiting for a whole answer, has its request cancelled, which returns its KV blocks to
+the pool; /metrics reports `kv_blocks_free` / `kv_blocks_total`, equal whenever nothing is running. Every
+rejection is a 4xx with a JSON body `{"error": {"message", "type", "param", "code"}}`. With `api_key=`,
+requests other than GET /health need `Authorization: Bearer <key>` (auth.py); GET /health alone says
+whether the server is up, its details (model, failures) need the key, and are in /metrics too. Requests
+whose Host header is not loopback's or in `allowed_hosts` get 400 (DNS rebinding, auth.py). A generation
+step that raises fails only the requests of that pass with a 500 (the engine goes on; the details of
+/health and /metrics report it); drain.py stops the server without dropping requests in flight.
 
     >>> app = create_app(model, tokenizer, name="smollm2")
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)
@@ -30,7 +33,6 @@ without dropping requests in flight.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 import uuid
@@ -39,18 +41,19 @@ from dataclasses import asdict, dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ..inference.engine import Engine, QueueFull, SamplingParams
+from ..inference.engine import Engine, QueueFull
 from ..inference.quantize import linear_precision
-from .auth import ApiKeyAuth
+from .auth import ApiKeyAuth, HostAllowlist, carries_key
 from .drain import Drain, DrainGate
 from .generation import register_generation
 from .metrics import Metrics
-from .schemas import ChatRequest, ClassifyRequest, CompletionRequest, EmbeddingRequest
-from .workers import EncoderWorker, TokenStream
+from .schemas import ClassifyRequest, EmbeddingRequest
+from .viz import max_tokens, page_weights, render
+from .workers import EncoderWorker
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Limits:
     num_blocks: int = 512            # KV pool size, in blocks of block_size tokens
     block_size: int = 16
     max_texts: int = 256             # per embeddings/classify request
+    max_viz_weights: int = 4_000_000  # attention weights on one /viz page (layers x heads x tokens^2)
 
 
 class ApiError(Exception):
@@ -78,7 +82,8 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
 
 class BodyLimit:
     """Reject bodies over `limit` bytes (413) before they are read into memory, whether or not the client
-    sent Content-Length."""
+    sent Content-Length: the body is read here, at most `limit` bytes of it, and handed on whole. (Raising
+    from inside the app's own read would reach it as an undecodable body, a 400.)"""
 
     def __init__(self, app, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -90,16 +95,27 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await _error(413, f"request body of {int(length)} bytes exceeds the limit of {self.limit}",
                                 kind="request_too_large")(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] != "http.request":
+                return  # the client left before its body was complete: nobody to answer
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
             if seen > self.limit:
-                raise ApiError(413, f"request body exceeds the limit of {self.limit} bytes", kind="request_too_large")
-            return message
-        return await self.app(scope, limited, send)
+                return await _error(413, f"request body exceeds the limit of {self.limit} bytes",
+                                    kind="request_too_large")(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay():  # the body once, then the client's own messages (its disconnect)
+            nonlocal whole
+            if whole is not None:
+                message, whole = whole, None
+                return message
+            return await receive()
+        return await self.app(scope, replay, send)
 
 
 def model_kind(model) -> str:
@@ -111,12 +127,13 @@ def model_kind(model) -> str:
 def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None = None,
                start_engine: bool = True, compile: bool | dict = False,
                compile_tokens: int | None = None, api_key: str | None = None,
-               adapters: dict | None = None) -> FastAPI:
+               adapters: dict | None = None, allowed_hosts=()) -> FastAPI:
     """compile: the decoder engine's decode step runs compiled (see `Engine`); its buckets for contexts
     up to `compile_tokens` (default: the first bucket) are compiled here, before the server accepts requests.
     api_key: every request but GET /health must send `Authorization: Bearer <api_key>` (see auth.py).
     adapters: {name: model} of a decoder, e.g. `interop.peft.adapter_view`s over `model`'s weights; a
-    completion request's "model" field picks one (see generation.py), each decodes in its own engine."""
+    completion request's "model" field picks one (see generation.py), each decodes in its own engine.
+    allowed_hosts: Host header names accepted besides loopback's ("*": any); see auth.HostAllowlist."""
     limits = limits or Limits()
     kind = model_kind(model)
     adapters = dict(adapters or {})
@@ -156,7 +173,8 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         worker.stop()
 
     app = FastAPI(title=f"attnlab: {name}", lifespan=lifespan)
-    # the last added runs first: the drain gate, then the key check (before any body is read), then the body cap
+    # the last added runs first: the Host check, the drain gate, then the key check (before any body is read),
+    # then the body cap
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
     if api_key is not None:
         known = {"/health", "/metrics", "/viz", "/docs", "/openapi.json", "/v1/embeddings", "/v1/classify",
@@ -165,6 +183,7 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
                            on_reject=lambda path: metrics.record(path if path in known else "other", 401))
     drain = Drain()
     app.add_middleware(DrainGate, drain=drain)
+    app.add_middleware(HostAllowlist, allowed=list(allowed_hosts or ()))
     app.state.engine, app.state.worker, app.state.metrics, app.state.limits = engine, worker, metrics, limits
     app.state.drain = drain
 
@@ -199,16 +218,27 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         return _error(422, message, fields[0])
 
     # ------------------------------------------------------------------ always there
-    @app.get("/health")
-    async def health():
-        out = {"status": "ok", "model": name, "kind": kind, "endpoints": endpoints,
-               "precision": linear_precision(model)}
+    def details() -> dict:
+        out = {"model": name, "kind": kind, "endpoints": endpoints, "precision": linear_precision(model)}
         if adapters:
             out["adapters"] = sorted(adapters)
         if engine is not None:  # still "ok": a failed step fails its own requests and the engine goes on
             out["failures"] = {"steps": engine.stats["failed_steps"], "requests": engine.stats["failed_requests"],
                                "last_error": engine.last_error}
         return out
+
+    def up() -> bool:
+        """False once a background thread that was started has died (a stopped one is None again)."""
+        threads = [getattr(e, "_thread", None) for e in engines.values()] + [getattr(worker, "_thread", None)]
+        return all(t is None or t.is_alive() for t in threads)
+
+    @app.get("/health")
+    async def health(request: Request):
+        ok = up()
+        out = {"status": "ok" if ok else "not ok"}
+        if carries_key(request.scope.get("headers"), api_key):  # the details only for who holds the key
+            out.update(details())
+        return out if ok else JSONResponse(out, 503)
 
     @app.get("/metrics")
     async def get_metrics():
@@ -219,22 +249,34 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
                        kv_blocks_free=engine.pool.num_free, kv_blocks_total=engine.pool.capacity_blocks,
                        kv_block_size=engine.pool.block_size, engine=dict(engine.stats))
         out["limits"] = asdict(limits)
+        out["server"] = details()
         return out
+
+    one_page = asyncio.Lock()  # one /viz page at a time: each is a forward pass and seconds of CPU
 
     @app.get("/viz", response_class=HTMLResponse)
     async def viz(text: str, text_b: str | None = None, view: str = "head", layer: int = 0, head: int | None = None):
-        from ..viz.page import attention_page
+        from ..viz.attention import extract_text
         n = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in (text, text_b) if t)
-        most = min(limits.max_input_tokens, 256)  # the page holds layers x heads x T x T weights
+        most = min(limits.max_input_tokens, 256)
+        param = "text" + (" + text_b" if text_b else "")
         if n > most:
-            raise ApiError(400, f"text{' + text_b' if text_b else ''} has {n} tokens; /viz accepts at most {most}",
-                           "text")
+            raise ApiError(400, f"{param} has {n} tokens; /viz accepts at most {most}", "text")
+        t = tokenizer(text, text_b, return_tensors="pt")["input_ids"].size(1)  # what the page shows, specials too
+        layers, heads, cap = model.config.num_layers, model.config.num_heads, limits.max_viz_weights
+        if page_weights(layers, heads, t) > cap:
+            raise ApiError(413, f"{param} is {t} tokens: its page would hold {layers} layers x {heads} heads x {t}^2 = "
+                                f"{page_weights(layers, heads, t)} attention weights, over this server's cap of {cap} "
+                                f"(max_viz_weights); send at most {max_tokens(layers, heads, cap)} tokens", "text",
+                           kind="request_too_large")
 
-        def render():
+        def forward():
             with worker.lock:  # its hooks must see only its own pass (the engine's passes take it too)
-                return attention_page(model, tokenizer, text, text_b, view=view, layer=layer, head=head, title=name)
+                return extract_text(model, tokenizer, text, text_b, neuron=True, neuron_fallback=layer, title=name)
         try:
-            page = await run_in_threadpool(render)
+            async with one_page:
+                data = await run_in_threadpool(forward)
+                page = await run_in_threadpool(lambda: render(data, view=view, layer=layer, head=head))
         except ValueError as err:
             raise ApiError(400, str(err), "layer" if "layer" in str(err) else "head" if "head" in str(err) else None)
         metrics.record("/viz", 200)

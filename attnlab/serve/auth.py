@@ -2,10 +2,17 @@
 what vLLM's and llama.cpp's `--api-key` check).
 
 Every request needs it except `GET /health`, which a load balancer or an orchestrator probes without
-credentials. The key is compared with `hmac.compare_digest`, whose time does not depend on where the
-first differing byte is, so timing the answers does not reveal the key a byte at a time. A refusal is a
+credentials, and which then answers only `{"status": "ok"}` (its details, such as the model's path and
+the last engine error, need the key: `carries_key`). The key is compared with `hmac.compare_digest`,
+whose time does not depend on where the first differing byte is, so timing the answers does not reveal
+the key a byte at a time. A refusal is a
 401 in the server's usual `{"error": {...}}` shape; neither the key sent nor the real one is ever put in
 an answer, a log line or /metrics (uvicorn's access log shows the method and path, never headers).
+
+Without a key the server binds loopback by default, and a web page the user opens could still reach it
+by DNS rebinding (its own host name made to resolve to 127.0.0.1: same origin to the browser). Such a
+request names the attacker's host in its `Host` header, so `HostAllowlist` answers 400 to any Host but
+loopback's (localhost, 127.0.0.1, [::1], any port) and the names given to `--allowed-hosts` (`*`: any).
 
 The key can come from `--api-key`, from a file (`--api-key-file`, so it is not in the shell history or
 `ps` output) or from the `ATTNLAB_API_KEY` environment variable; `resolve_api_key` picks exactly one.
@@ -20,6 +27,7 @@ from pathlib import Path
 
 ENV_VAR = "ATTNLAB_API_KEY"
 OPEN_PATHS = {("GET", "/health")}  # what probes (load balancers, orchestrators) call without credentials
+LOOPBACK_HOSTS = "localhost, 127.0.0.1, [::1]"
 
 
 def resolve_api_key(key: str | None = None, key_file: str | os.PathLike | None = None,
@@ -60,12 +68,57 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
+def carries_key(headers, key: str | None) -> bool:
+    """True when the ASGI `headers` hold exactly one `Authorization: Bearer <key>` (compared in constant time)."""
+    if key is None:
+        return False
+    sent = [v for k, v in headers or [] if k == b"authorization"]
+    return len(sent) == 1 and hmac.compare_digest(sent[0], f"Bearer {key}".encode())
+
+
+def host_name(host: str) -> str:
+    """The name in a Host header value, without its port: "[::1]:8000" -> "::1", "Example.org:80" -> "example.org"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _refusal(status: int, message: str, kind: str, headers=()) -> tuple[dict, bytes]:
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    return {"type": "http.response.start", "status": status, "headers": headers}, body
+
+
+class HostAllowlist:
+    """ASGI middleware: 400 for a request whose Host header names neither loopback nor an allowed name
+    (DNS rebinding; see the module docstring). `allowed`: extra names, with or without a port; "*": any."""
+
+    def __init__(self, app, allowed=()) -> None:
+        self.app = app
+        self.any = "*" in allowed
+        self.names = {h.strip().lower() for h in allowed if h.strip() and h != "*"}
+
+    def allows(self, host: str) -> bool:
+        name = host_name(host)
+        return self.any or is_loopback(name) or name in self.names or host.strip().lower() in self.names
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.any:
+            return await self.app(scope, receive, send)
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers") or [] if k == b"host"]
+        if len(hosts) == 1 and self.allows(hosts[0]):
+            return await self.app(scope, receive, send)
+        shown = repr(hosts[0][:100]) if len(hosts) == 1 else "missing" if not hosts else "sent twice"
+        start, body = _refusal(400, f"Host not allowed: {shown}; this server answers to {LOOPBACK_HOSTS} and the "
+                                    f"names given with --allowed-hosts", "invalid_request_error",
+                               [(b"connection", b"close")])
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+
+
 def _unauthorized(message: str) -> tuple[dict, bytes]:
-    body = json.dumps({"error": {"message": message, "type": "authentication_error", "param": None,
-                                 "code": 401}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"www-authenticate", b'Bearer realm="attnlab"')]
-    return {"type": "http.response.start", "status": 401, "headers": headers}, body
+    return _refusal(401, message, "authentication_error", [(b"www-authenticate", b'Bearer realm="attnlab"')])
 
 
 class ApiKeyAuth:

@@ -4,14 +4,18 @@ server-sent events (`data: {chunk}` lines, then `data: [DONE]`), over the contin
 Several adapters over one base model (`serve --adapter NAME=DIR`): each name has its own engine, and the
 request's "model" field picks it (OpenAI's field for which model answers); no field, or the server's own
 name, is the base model; an unknown name is a 404 listing the names served. GET /v1/models lists them.
-A server without named adapters ignores the field, as before (clients send whatever name they know)."""
+A server without named adapters ignores the field, as before (clients send whatever name they know).
+
+A client that leaves stops its decoding: a stream's response task is cancelled when its connection closes,
+and a request waiting for its whole answer watches for the disconnect while it waits; either way the
+request is cancelled in the engine, which frees its KV blocks at its next step (recorded as a 499)."""
 from __future__ import annotations
 
 import asyncio
 import time
 
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
 
 from ..inference.chat import apply_chat_template
 from ..inference.engine import QueueFull, SamplingParams
@@ -58,7 +62,7 @@ def register_generation(app: FastAPI, engines: dict, tokenizer, name: str, limit
         except ValueError as err:
             raise ApiError(400, str(err), prompt_param)
 
-    async def run(body, prompt: str, prompt_param: str, chat: bool, endpoint: str):
+    async def run(request: Request, body, prompt: str, prompt_param: str, chat: bool, endpoint: str):
         started = time.perf_counter()
         answering, engine = pick(body)
         ids = tokenizer.encode(prompt, add_special_tokens=False)
@@ -90,18 +94,25 @@ def register_generation(app: FastAPI, engines: dict, tokenizer, name: str, limit
                 metrics.first_token.append(req.first_token_at - req.arrived)
 
         if not body.stream:
+            left = asyncio.ensure_future(client_left(request))
             try:
                 while True:
-                    token = await next_token()
+                    token = await next_token_or_leave(stream, left, deadline)
                     stream.push(token)
                     if token is None:
                         break
             except asyncio.TimeoutError:
                 engine.cancel(req)
                 raise ApiError(504, f"request timed out after {limits.request_timeout:g} s", kind="timeout")
-            except asyncio.CancelledError:  # the client went away: stop decoding for it
+            except ClientLeft:  # nobody is there to read the answer: stop decoding for it
+                engine.cancel(req)
+                done(499)
+                return Response(status_code=499)
+            except asyncio.CancelledError:  # the server is stopping this handler
                 engine.cancel(req)
                 raise
+            finally:
+                left.cancel()
             if req.finish_reason == "error":
                 raise ApiError(500, f"generation failed: {req.error}", kind="server_error")
             done(200)
@@ -158,14 +169,43 @@ def register_generation(app: FastAPI, engines: dict, tokenizer, name: str, limit
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        return await run(body, body.prompt, "prompt", False, "/v1/completions")
+    async def completions(request: Request, body: CompletionRequest):
+        return await run(request, body, body.prompt, "prompt", False, "/v1/completions")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest):
+    async def chat_completions(request: Request, body: ChatRequest):
         messages = [m.model_dump() for m in body.messages]
         try:
             prompt = apply_chat_template(tokenizer, messages, add_generation_prompt=True)
         except ValueError as err:
             raise ApiError(400, str(err), "messages")
-        return await run(body, prompt, "messages", True, "/v1/chat/completions")
+        return await run(request, body, prompt, "messages", True, "/v1/chat/completions")
+
+
+class ClientLeft(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def client_left(request: Request) -> None:
+    """Returns when the client disconnects (the body was read already: what comes next is its disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def next_token_or_leave(stream, left: asyncio.Future, deadline: float):
+    """The next token of `stream`; ClientLeft once `left` is done first, TimeoutError past `deadline`."""
+    if not stream.queue.empty():
+        return stream.queue.get_nowait()
+    loop = asyncio.get_running_loop()
+    get = asyncio.ensure_future(stream.queue.get())
+    try:
+        done, _ = await asyncio.wait({get, left}, timeout=max(deadline - loop.time(), 0.001),
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not get.done():
+            get.cancel()
+    if get in done:
+        return get.result()
+    if left in done:
+        raise ClientLeft
+    raise asyncio.TimeoutError

@@ -1,13 +1,18 @@
 """Request bodies in the OpenAI shapes (a client library for that API works unchanged), validated by
 pydantic so that a wrong type is a 422 naming the field rather than an error deep inside the model.
-Unknown fields are ignored, as OpenAI does; `top_k` and `repetition_penalty` are extensions."""
+Unknown fields are ignored, as OpenAI does; `top_k` and `repetition_penalty` are extensions. Stop strings
+are bounded as OpenAI bounds them (at most 4), and in length, since every generated token is checked
+against them."""
 from __future__ import annotations
 
 import json
 
 from typing import Literal, Union
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_validator
+
+MAX_STOPS = 4          # stop strings per request (OpenAI's limit)
+MAX_STOP_CHARS = 256   # characters per stop string
 
 
 class _Sampling(BaseModel):
@@ -21,6 +26,18 @@ class _Sampling(BaseModel):
     stop: Union[StrictStr, list[StrictStr], None] = None
     stream: StrictBool = False
     n: StrictInt = Field(default=1, ge=1, le=1)  # one choice per request (n > 1 is not supported)
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded(cls, stop):
+        many = [stop] if isinstance(stop, str) else stop or []
+        if len(many) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings are accepted, got {len(many)}")
+        for i, s in enumerate(many):
+            if len(s) > MAX_STOP_CHARS:
+                where = "stop" if isinstance(stop, str) else f"stop[{i}]"
+                raise ValueError(f"{where} has {len(s)} characters; at most {MAX_STOP_CHARS} characters are accepted")
+        return stop
 
     def stops(self) -> list[str]:
         return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop or []) if s]

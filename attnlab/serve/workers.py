@@ -5,7 +5,8 @@
   batched forward passes, not 64 single-sentence ones).
 - `TokenStream`: the bridge from the decoding engine's thread to an asyncio handler: tokens arrive in
   an asyncio queue, and are turned into text pieces that never split a UTF-8 character and never
-  show a stop string (text that might start one is held back until it is clearly not one).
+  show a stop string (text that might start one is held back until it is clearly not one), at a cost
+  per token that grows with neither the output nor the stop strings (text.py).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 from ..inference.embed import embed
 from ..inference.engine import QueueFull
-from ..inference.generate import TextStreamer
+from .text import IncrementalDecoder, StopMatcher
 
 
 @dataclass
@@ -148,14 +149,16 @@ def _set(future: asyncio.Future, value, error) -> None:
 
 
 class TokenStream:
-    """Engine tokens → text pieces for one request, consumed by an asyncio handler."""
+    """Engine tokens → text pieces for one request, consumed by an asyncio handler. Each token's work is
+    proportional to its own text (see text.py): it runs on the event loop that answers every client."""
 
     def __init__(self, tokenizer, loop: asyncio.AbstractEventLoop, stops: list[str], skip_ids: set[int]) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.loop = loop
-        self.streamer = TextStreamer(tokenizer)
+        self.decoder = IncrementalDecoder(tokenizer)
         self.stops, self.skip = stops, skip_ids
-        self.pending = ""
+        self.matcher = StopMatcher(stops)
+        self.pending = ""  # text that may still be the start of a stop string: at most max(len(stop)) - 1 chars
         self.text = ""
         self.stopped = False
 
@@ -167,22 +170,18 @@ class TokenStream:
         if self.stopped:
             return ""
         if token is None:
-            piece = self.pending + self.streamer.flush()
+            piece = self.pending + self.decoder.flush()
             self.pending = ""
         else:
             if token in self.skip:
                 return ""
-            self.pending += self.streamer.push(token)
-            piece = ""
-            if self.stops:
-                hits = [self.pending.find(s) for s in self.stops if s in self.pending]
-                if hits:  # a stop string: show what came before it, nothing after
-                    piece, self.pending, self.stopped = self.pending[:min(hits)], "", True
-                else:
-                    keep = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])),
-                               default=0)
-                    piece, self.pending = (self.pending[:-keep], self.pending[-keep:]) if keep else (self.pending, "")
+            new = self.decoder.push(token)
+            self.pending += new
+            hit = self.matcher.feed(new) if self.matcher.stops else None
+            if hit is not None:  # a stop string: show what came before it, nothing after
+                piece, self.pending, self.stopped = self.pending[:len(self.pending) - len(new) + hit], "", True
             else:
-                piece, self.pending = self.pending, ""
+                keep = self.matcher.held
+                piece, self.pending = (self.pending[:-keep], self.pending[-keep:]) if keep else (self.pending, "")
         self.text += piece
         return piece

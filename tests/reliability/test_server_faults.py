@@ -1,7 +1,7 @@
 """The engine survives a forward pass that raises. A hook on the model raises inside the engine's thread, once
 mid-batch or at random steps: the requests of that pass end with an error (HTTP 500 JSON; a stream with an
 error event and then [DONE]), their KV blocks return to the pool, the engine keeps serving, later requests
-get exactly what generating alone gives, and /health and /metrics count the failures."""
+get exactly what generating alone gives, /health still says ok and /metrics counts the failures."""
 from __future__ import annotations
 
 import asyncio
@@ -184,9 +184,9 @@ def test_a_step_raising_mid_batch_ends_its_requests_with_500_and_the_server_goes
     assert m["kv_blocks_free"] == m["kv_blocks_total"] and m["running"] == 0
     assert m["engine"]["failed_steps"] - before["failed_steps"] == 1
     assert m["engine"]["failed_requests"] - before["failed_requests"] == 6
-    health = httpx.get(s.url + "/health").json()
-    assert health["status"] == "ok" and health["failures"]["steps"] >= 1
-    assert health["failures"]["last_error"] == "RuntimeError: injected fault"
+    assert httpx.get(s.url + "/health").json() == {"status": "ok"}  # still up; the details are in /metrics
+    failures = httpx.get(s.url + "/metrics").json()["server"]["failures"]
+    assert failures["steps"] >= 1 and failures["last_error"] == "RuntimeError: injected fault"
     # the next requests are served, with the outputs they get alone
     for p in prompts[:2]:
         r = httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 8, "temperature": 0}, timeout=60)

@@ -23,8 +23,9 @@ OPERATIONS = ["GET /health", "GET /metrics", "GET /viz", "GET /v1/models", "POST
 @pytest.fixture(scope="module")
 def apps(decoder, smol_tok, tiny_classifier):  # noqa: F811
     """Both servers, called in-process through ASGI (no lifespan there, so the engine is started here)."""
-    made = {"decoder": create_app(decoder, smol_tok, name="tiny-lm", limits=LIMITS),
-            "encoder": create_app(*tiny_classifier, name="tiny-clf", limits=LIMITS)}
+    # schemathesis calls an ASGI app with Host: testserver, which the server refuses unless allowed
+    made = {"decoder": create_app(decoder, smol_tok, name="tiny-lm", limits=LIMITS, allowed_hosts=["testserver"]),
+            "encoder": create_app(*tiny_classifier, name="tiny-clf", limits=LIMITS, allowed_hosts=["testserver"])}
     made["decoder"].state.engine.start()
     yield made
     made["decoder"].state.engine.stop()
