@@ -67,9 +67,12 @@ class SentencePieceModel:
 # ----------------------------------------------------------------------------------------------
 # The protobuf wire format: each field is a varint key (number << 3 | wire type) then its value
 
+MAX_VARINT_BYTES = 10  # 64 bits, 7 a byte: protobuf's own limit
+
+
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     result = shift = 0
-    while True:
+    for _ in range(MAX_VARINT_BYTES):  # capped: a run of 0xff bytes would otherwise grow one integer forever
         if pos >= len(data):
             raise ValueError("truncated varint")
         b = data[pos]
@@ -78,71 +81,103 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return result, pos
         shift += 7
+    raise ValueError(f"a varint longer than {MAX_VARINT_BYTES} bytes at offset {pos - MAX_VARINT_BYTES}")
 
 
-def _fields(data: bytes):
-    """Yield (field number, value): ints for varint/fixed fields, bytes for length-delimited ones."""
+_WIRE_NAMES = {0: "varint", 1: "fixed64", 2: "length-delimited", 5: "fixed32"}
+
+
+def _fields(data: bytes, message: str):
+    """Yield (field number, wire type, value) of the protobuf `message` (its name goes in the errors): ints
+    for varints, bytes for fixed and length-delimited fields; every length is checked against the bytes
+    left before anything is sliced."""
     pos = 0
     while pos < len(data):
         key, pos = _varint(data, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
-        elif wire == 2:
+            yield number, wire, value
+            continue
+        if wire == 2:
             size, pos = _varint(data, pos)
-            value, pos = data[pos:pos + size], pos + size
-        elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
         else:
-            raise ValueError(f"unsupported protobuf wire type {wire} (field {number})")
-        if pos > len(data):
-            raise ValueError(f"field {number} runs past the end of the message")
-        yield number, value
+            raise ValueError(f"field {number} of {message}: unsupported protobuf wire type {wire}")
+        if size > len(data) - pos:
+            raise ValueError(f"field {number} of {message}: {size} bytes, {len(data) - pos} left in the message")
+        yield number, wire, data[pos:pos + size]
+        pos += size
+
+
+def _expect(number: int, wire: int, want: int, message: str) -> None:
+    if wire != want:
+        raise ValueError(f"field {number} of {message} is {_WIRE_NAMES.get(wire, wire)}, expected "
+                         f"{_WIRE_NAMES[want]}")
+
+
+def _text(value: bytes, number: int, message: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"field {number} of {message} is not UTF-8") from None
 
 
 _TRAINER_FIELDS = {3: "model_type", 4: "vocab_size", 35: "byte_fallback", 24: "treat_whitespace_as_suffix",
                    40: "unk_id", 41: "bos_id", 42: "eos_id", 43: "pad_id", 44: "unk_surface",
                    45: "unk_piece", 46: "bos_piece", 47: "eos_piece", 48: "pad_piece"}
+_TRAINER_TEXT = (44, 45, 46, 47, 48)
 _NORMALIZER_FIELDS = {1: "normalizer_name", 2: "precompiled_charsmap", 3: "add_dummy_prefix",
                       4: "remove_extra_whitespaces", 5: "escape_whitespaces"}
+_NORMALIZER_BYTES = (1, 2)
 
 
 def read_model(path: str | Path) -> SentencePieceModel:
-    """Parse a sentencepiece `.model` file (ModelProto) into a `SentencePieceModel`."""
+    """Parse a sentencepiece `.model` file (ModelProto) into a `SentencePieceModel`. A damaged file is a
+    ValueError naming the file and the field (number and message) where it went wrong."""
     path = Path(path)
     data = path.read_bytes()
     try:
         pieces, trainer, norm = [], {}, {}
-        for number, value in _fields(data):
+        for number, wire, value in _fields(data, "ModelProto"):
             if number == 1:  # repeated SentencePiece {piece=1, score=2 (float), type=3}
+                _expect(number, wire, 2, "ModelProto (pieces)")
                 p = Piece("")
-                for n, v in _fields(value):
+                for n, w, v in _fields(value, "SentencePiece"):
                     if n == 1:
-                        p.piece = v.decode("utf-8")
+                        _expect(n, w, 2, "SentencePiece (piece)")
+                        p.piece = _text(v, n, "SentencePiece (piece)")
                     elif n == 2:
+                        _expect(n, w, 5, "SentencePiece (score)")
                         p.score = struct.unpack("<f", v)[0]
                     elif n == 3:
+                        _expect(n, w, 0, "SentencePiece (type)")
                         p.type = v
                 pieces.append(p)
             elif number in (2, 3):  # TrainerSpec, NormalizerSpec
+                _expect(number, wire, 2, "ModelProto")
+                name = "TrainerSpec" if number == 2 else "NormalizerSpec"
                 names, out = (_TRAINER_FIELDS, trainer) if number == 2 else (_NORMALIZER_FIELDS, norm)
-                for n, v in _fields(value):
+                texts = _TRAINER_TEXT if number == 2 else _NORMALIZER_BYTES
+                for n, w, v in _fields(value, name):
                     if n in names:
-                        out[names[n]] = v
-    except (ValueError, UnicodeDecodeError, struct.error) as e:
+                        _expect(n, w, 2 if n in texts else 0, f"{name} ({names[n]})")
+                        out[names[n]] = _text(v, n, f"{name} ({names[n]})") if number == 2 and n in texts else v
+    except (ValueError, struct.error) as e:
         raise ValueError(f"{path}: not a sentencepiece model file ({e})") from None
     if not pieces:
         raise ValueError(f"{path}: not a sentencepiece model file (no pieces)")
-    model = SentencePieceModel(pieces, trainer={k: (v.decode("utf-8") if isinstance(v, bytes) else v)
-                                                for k, v in trainer.items()})
+    model = SentencePieceModel(pieces, trainer=dict(trainer))
     model.model_type = trainer.get("model_type", UNIGRAM)
     model.byte_fallback = bool(trainer.get("byte_fallback", False))
     model.treat_whitespace_as_suffix = bool(trainer.get("treat_whitespace_as_suffix", False))
     if "unk_surface" in trainer:
-        model.unk_surface = trainer["unk_surface"].decode("utf-8")
-    model.normalizer_name = norm.get("normalizer_name", b"").decode("utf-8")
+        model.unk_surface = trainer["unk_surface"]
+    try:
+        model.normalizer_name = norm.get("normalizer_name", b"").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a sentencepiece model file (field 1 of NormalizerSpec is not UTF-8)") from None
     model.precompiled_charsmap = norm.get("precompiled_charsmap", b"")
     for name in ("add_dummy_prefix", "remove_extra_whitespaces", "escape_whitespaces"):
         setattr(model, name, bool(norm.get(name, True)))

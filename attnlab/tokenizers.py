@@ -105,12 +105,46 @@ def build_wordpiece(vocab: dict[str, int], *, lowercase: bool = True, strip_acce
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    """A JSON object from `path` ({} when there is no such file); anything else is a ValueError naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path}: not valid JSON ({type(err).__name__}: {_first_line(err):.200})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _settings(folder: Path) -> dict:
+    """special_tokens_map.json overlaid by tokenizer_config.json; each role checked in the file it came from."""
+    config: dict = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        data = _read_json(folder / name)
+        for role in ROLES:
+            value = data.get(role)
+            if value and not isinstance(value, str) and not (isinstance(value, dict)
+                                                             and isinstance(value.get("content"), str)):
+                raise ValueError(f"{folder / name}: {role}={value!r:.60} is neither a token nor "
+                                 "{\"content\": token}")
+        config.update(data)
+    return config
 
 
 def _token_str(value: Any) -> str:
     # transformers stores special tokens either as "[CLS]" or as {"content": "[CLS]", ...}
     return value["content"] if isinstance(value, dict) else str(value)
+
+
+def _is_panic(err: BaseException) -> bool:
+    # the Rust library's panics surface as pyo3's PanicException, a BaseException (not an Exception)
+    return type(err).__name__ == "PanicException"
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -120,8 +154,25 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     ALBERT, XLNet, XLM-R: their specials from tokenizer_config.json's tokenizer_class or config.json's
     model_type; anything else gets sentencepiece's ids unchanged). Settings (special tokens, do_lower_case,
     strip_accents, tokenize_chinese_chars, model_max_length) come from tokenizer_config.json /
-    special_tokens_map.json next to the file, with BERT defaults otherwise.
+    special_tokens_map.json next to the file, with BERT defaults otherwise. Files that cannot describe a
+    tokenizer are a ValueError naming the file.
     """
+    try:
+        return _load_tokenizer(path)
+    except OSError:
+        raise
+    except BaseException as err:
+        if not isinstance(err, Exception) and not _is_panic(err):
+            raise  # KeyboardInterrupt, SystemExit
+        folder = Path(path) if Path(path).is_dir() else Path(path).parent
+        if isinstance(err, ValueError) and str(folder) in str(err):
+            raise  # already names the file at fault
+        raise ValueError(f"{path}: cannot build a tokenizer from these files ({type(err).__name__}: "
+                         f"{_first_line(err):.200})") from None
+
+
+def _load_tokenizer(path: str | Path) -> Tokenizer:
+    """`load_tokenizer` without the error wrapping."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"tokenizer path {path} does not exist (expected a directory holding "
@@ -140,7 +191,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             raise FileNotFoundError(f"directory {path} holds neither tokenizer.json nor vocab.txt nor spiece.model "
                                     f"(nor GPT-2's encoder.json + vocab.bpe)")
         path = found[0]
-    config = {**_read_json(folder / "special_tokens_map.json"), **_read_json(folder / "tokenizer_config.json")}
+    config = _settings(folder)
     max_length = config.get("model_max_length")
     if not isinstance(max_length, int) or max_length >= _UNSET_MAX_LENGTH:
         # BERT-style configs know their position budget; RoBERTa-style ones (514) must set
@@ -149,7 +200,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
     if path.suffix == ".model":  # a sentencepiece model (T5, ALBERT, XLNet, XLM-R, or one of our own)
         return _sentencepiece(path, config, folder)
-    backend = tk.Tokenizer.from_file(str(path)) if path.suffix == ".json" else None
+    backend = _from_file(path) if path.suffix == ".json" else None
     wordpiece = backend is None or isinstance(backend.model, tk.models.WordPiece)
     specials = dict(BERT_SPECIALS) if wordpiece else {}  # BPE defaults will differ
     if not wordpiece and all(t in backend.get_vocab() for t in ("<s>", "</s>", "<pad>", "<mask>")):
@@ -166,6 +217,16 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     tok = Tokenizer(backend, specials=specials, model_max_length=int(max_length), name=str(path))
     tok.chat_template = config.get("chat_template")  # a Jinja2 string for chat models (inference/chat.py)
     return tok
+
+
+def _from_file(path: Path) -> tk.Tokenizer:
+    try:
+        return tk.Tokenizer.from_file(str(path))
+    except BaseException as err:  # the Rust parser's errors (and panics) name no file
+        if not isinstance(err, Exception) and not _is_panic(err):
+            raise
+        raise ValueError(f"{path}: not a tokenizer.json the tokenizers library can read "
+                         f"({_first_line(err):.200})") from None
 
 
 def _sentencepiece(path: Path, config: dict, folder: Path) -> Tokenizer:
@@ -189,7 +250,7 @@ def read_gpt2_files(directory: str | Path) -> tuple[dict[str, int], list[tuple[s
     directory = Path(directory)
     for vocab_name, merges_name in (("encoder.json", "vocab.bpe"), ("vocab.json", "merges.txt")):
         if (directory / vocab_name).is_file() and (directory / merges_name).is_file():
-            vocab = json.loads((directory / vocab_name).read_text(encoding="utf-8"))
+            vocab = _read_json(directory / vocab_name)
             lines = (directory / merges_name).read_text(encoding="utf-8").splitlines()
             # the first line is "#version: 0.2"; each other line is one merge "a b", best first
             merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
@@ -215,7 +276,7 @@ def build_byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]],
 def _fairseq_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], directory: Path) -> "Tokenizer":
     """A RoBERTa / BART directory's vocab.json + merges.txt with their special tokens; roles renamed in
     tokenizer_config.json / special_tokens_map.json win, as in transformers."""
-    config = {**_read_json(directory / "special_tokens_map.json"), **_read_json(directory / "tokenizer_config.json")}
+    config = _settings(directory)
     specials = {**FAIRSEQ_SPECIALS, **{role: _token_str(config[role]) for role in ROLES if config.get(role)}}
     absent = next((f"{specials[r]!r} ({r})" for r in FAIRSEQ_SPECIALS if specials[r] not in vocab), None)
     if absent:

@@ -154,7 +154,8 @@ def test_unknown_architecture_and_quantization_are_named(tmp_path):
     with pytest.raises(ConfigError, match="general.architecture='mamba'"):
         attnlab.load(tmp_path / "mamba.gguf")
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_1]
-    raw = np.zeros((64, 64 // block * size), dtype=np.uint8)
+    rows = hf.state_dict()["model.layers.0.self_attn.v_proj.weight"].shape[0]  # kv heads x head dim: 32
+    raw = np.zeros((rows, 64 // block * size), dtype=np.uint8)
     write_gguf(tmp_path / "q81.gguf", hf.state_dict(), cfg,
                raw={"blk.0.attn_v.weight": (raw, gguf.GGMLQuantizationType.Q8_1)})
     with pytest.raises(CheckpointError, match="'blk.0.attn_v.weight' uses quantization type Q8_1"):

@@ -17,13 +17,49 @@ class CheckpointError(ValueError):
     """A checkpoint that does not fit the model: names the file, the tensors and the shapes."""
 
 
+# ----------------------------------------------------------------------------------- paths named by files
+def confinement_root(directory: Path) -> Path:
+    """The folder every file of the model in `directory` must resolve into: `directory` itself, except for a
+    Hugging Face hub cache snapshot (models--ORG--NAME/snapshots/REV), whose files are symlinks into the same
+    repository's ../../blobs: there the repository folder models--ORG--NAME is the root."""
+    directory = Path(directory).resolve()
+    repo = directory.parent.parent
+    if directory.parent.name == "snapshots" and repo.name.startswith(("models--", "datasets--", "spaces--")):
+        return repo
+    return directory
+
+
+def check_inside(target: Path, directory: Path) -> Path:
+    """`target` (a file or folder of the model in `directory`) after following every symlink must stay
+    under `confinement_root(directory)`: a symlink out of the model folder is not followed."""
+    root = confinement_root(directory)
+    if not Path(target).resolve().is_relative_to(root):
+        raise CheckpointError(f"{target}: resolves outside the model folder {root} (a symlink out of it); "
+                              "not read")
+    return Path(target)
+
+
+def inside(directory: Path, name, source: Path, field: str) -> Path:
+    """`directory / name` for a relative path `name` read from the file `source` (its `field`).
+
+    Two checks, because the two attacks differ: the name itself must be relative with no ".." (lexical, so
+    "../../secret" is refused whatever exists on disk), and the path it names must resolve inside the model
+    folder (symlinks). The second check allows the hub cache's snapshot links into ../../blobs, which a
+    purely resolved check against the snapshot folder would refuse (see `confinement_root`)."""
+    text = str(name)
+    parts = text.replace("\\", "/").split("/")
+    if not isinstance(name, str) or Path(text).is_absolute() or ".." in parts or text.startswith("\\"):
+        raise CheckpointError(f"{source}: {field} {name!r} is not a relative path inside {directory}")
+    return check_inside(Path(directory) / text, directory)
+
+
 def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: not found (a Hugging Face model directory needs config.json)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid JSON ({err})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # also: nesting thousands deep, 5000-digit ints
+        raise ConfigError(f"{path}: not valid JSON ({type(err).__name__}: {first_line(err):.200})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -56,13 +92,18 @@ def check_safetensors(path: Path) -> None:
         raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({err})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        # ValueError also covers integers past Python's digit limit; RecursionError, nesting thousands deep
+        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({type(err).__name__}: "
+                              f"{first_line(err):.200})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: safetensors header must be a JSON object, got {type(header).__name__}")
     data_len = size - 8 - n
+    spans = []
     for name, info in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__":  # the spec: a flat map of strings to strings
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise CheckpointError(f"{path}: __metadata__ must map names to strings")
             continue
         where = f"{path}: tensor {name!r}"
         if not isinstance(info, dict):
@@ -86,6 +127,11 @@ def check_safetensors(path: Path) -> None:
             if offsets[1] - offsets[0] != numel * itemsize:
                 raise CheckpointError(f"{where}: shape {shape} of {dtype} needs {numel * itemsize} bytes, "
                                       f"the header gives it {offsets[1] - offsets[0]}")
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
+        if s1 < e0 and s1 < e1:  # two tensors sharing bytes (an empty tensor shares none)
+            raise CheckpointError(f"{path}: tensors {a!r} (bytes {s0}..{e0}) and {b!r} (bytes {s1}..{e1}) overlap")
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -118,7 +164,7 @@ def read_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
         for shard in sorted(set(weight_map.values())):
             if Path(shard).name != shard:  # a shard outside the directory ("../x") is not read
                 raise CheckpointError(f"{index}: shard {shard!r} is not a file name inside {directory}")
-            sd.update(read_safetensors(directory / shard))
+            sd.update(read_safetensors(inside(directory, shard, index, "weight_map shard")))
         return sd, index
     binary = directory / "pytorch_model.bin"
     if binary.exists():

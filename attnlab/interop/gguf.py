@@ -10,9 +10,7 @@ the header ourselves, dequantize every tensor to fp32 with the `gguf` package, a
 """
 from __future__ import annotations
 
-import functools
 import re
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,8 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
-from .files import CheckpointError
+from .files import CheckpointError, first_line
+from .gguf_file import GGUFFile, _reader  # noqa: F401  (the header reader; GGUFFile re-exported)
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -47,128 +46,6 @@ def is_gguf(path: str | Path) -> bool:
     return Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
 
 
-class GGUFFile:
-    """The parts of a GGUF file we need: metadata as Python values and where each tensor's bytes are.
-
-    Parsed here with `struct` (the layout is a short header, key/values, tensor infos, aligned data)
-    because `gguf.GGUFReader` builds objects for each of the ~100k tokenizer strings and takes seconds;
-    the tensors themselves are dequantized by the `gguf` package.
-    """
-
-    _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-    _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-              7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        try:
-            self.buf = np.memmap(path, dtype=np.uint8, mode="r")
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{path}: cannot read ({err})") from None
-        self.mv = memoryview(self.buf)
-        self.pos = 0
-        try:
-            magic, version = self._take("<4sI")
-            if magic != b"GGUF" or version not in (2, 3):
-                raise CheckpointError(f"{path}: not a GGUF v2/v3 file (magic {magic!r}, version {version})")
-            n_tensors, n_kv = self._take("<QQ")
-            self.meta = {}
-            self.types = {}  # key -> (GGUF value type, element type of an array or None): a writer copies them
-            for _ in range(n_kv):
-                key = self._string()
-                (kind,) = self._take("<I")
-                inner = None
-                if kind == 9 and self.pos + 4 <= len(self.buf):
-                    inner = struct.unpack_from("<I", self.mv, self.pos)[0]
-                self.meta[key] = self._value(kind)
-                self.types[key] = (kind, inner)
-            self.tensors = []  # (name, dims in ggml order (fastest first), ggml type, offset)
-            for _ in range(n_tensors):
-                name = self._string()
-                (n_dims,) = self._take("<I")
-                if not 1 <= n_dims <= self.MAX_DIMS:
-                    raise CheckpointError(f"{path}: tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to "
-                                          f"{self.MAX_DIMS}): damaged file")
-                dims = list(self._take(f"<{n_dims}Q"))
-                kind, offset = self._take("<IQ")
-                self.tensors.append((name, dims, kind, offset))
-        except (struct.error, UnicodeDecodeError, IndexError, ValueError) as err:
-            if isinstance(err, CheckpointError):
-                raise
-            raise CheckpointError(f"{path}: damaged or truncated GGUF header ({err})") from None
-        align = self.meta.get("general.alignment", 32)
-        if type(align) is not int or align <= 0 or align & (align - 1):
-            raise CheckpointError(f"{path}: general.alignment={align!r} is not a power of two")
-        self.data_start = (self.pos + align - 1) // align * align
-
-    MAX_DIMS = 4  # GGML_MAX_DIMS
-
-    def _need(self, n: int) -> None:
-        """Bounds check: `n` more bytes must lie inside the file."""
-        if n < 0 or self.pos + n > len(self.buf):
-            raise CheckpointError(f"{self.path}: truncated GGUF file (needs {n} bytes at offset {self.pos}, "
-                                  f"the file has {len(self.buf)})")
-
-    def _take(self, fmt: str) -> tuple:
-        self._need(struct.calcsize(fmt))
-        values = struct.unpack_from(fmt, self.mv, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return values
-
-    def _string(self) -> str:
-        (n,) = self._take("<Q")
-        self._need(n)
-        text = bytes(self.mv[self.pos:self.pos + n]).decode("utf-8")
-        self.pos += n
-        return text
-
-    def _value(self, kind: int):
-        if kind == 8:
-            return self._string()
-        if kind in self._SCALARS:
-            return self._take(self._SCALARS[kind])[0]
-        if kind == 9:
-            inner, count = self._take("<IQ")
-            if inner in self._NUMPY:  # numeric arrays in one read
-                dtype = np.dtype(self._NUMPY[inner])
-                self._need(count * dtype.itemsize)
-                arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
-                self.pos += count * dtype.itemsize
-                return arr.tolist()
-            return [self._value(inner) for _ in range(count)]
-        raise CheckpointError(f"{self.path}: unknown GGUF value type {kind}")
-
-    def tensor_bytes(self, name: str, dims: list[int], kind: int, offset: int) -> np.ndarray:
-        """Raw bytes of a tensor as (rows, bytes per row), after checking they lie inside the file."""
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
-        try:
-            block, size = GGML_QUANT_SIZES[Q(kind)]
-        except (ValueError, KeyError):
-            raise CheckpointError(f"{self.path}: tensor {name!r} has unknown GGML tensor type {kind}") from None
-        if dims[0] % block:
-            raise CheckpointError(f"{self.path}: tensor {name!r}: row length {dims[0]} is not a multiple of the "
-                                  f"{Q(kind).name} block size {block}")
-        rows = 1
-        for d in dims[1:]:
-            rows *= int(d)
-        row_bytes = dims[0] // block * size
-        start = self.data_start + offset
-        end = start + rows * row_bytes
-        if end > len(self.buf):
-            raise CheckpointError(f"{self.path}: tensor {name!r} (shape {list(reversed(dims))}, {Q(kind).name}) "
-                                  f"needs bytes {start}..{end}, the file has {len(self.buf)}: truncated or damaged")
-        return self.buf[start:end].reshape(rows, row_bytes)
-
-
-@functools.lru_cache(maxsize=4)
-def _reader(path: str) -> GGUFFile:
-    try:
-        import gguf  # noqa: F401  (dequantization and type sizes)
-    except ImportError:
-        raise ImportError("reading .gguf files needs the gguf package: pip install gguf") from None
-    return GGUFFile(path)
-
-
 def metadata(path: str | Path) -> dict:
     """All key/value metadata of a GGUF file as Python values (strings, numbers, lists)."""
     return _reader(str(Path(path).resolve())).meta
@@ -179,7 +56,7 @@ def config_from_gguf(meta: dict, source: str = "gguf") -> ModelConfig:
         return _config_from_gguf(meta, source)
     except ConfigError:
         raise
-    except (TypeError, ValueError, OverflowError) as err:  # e.g. a string where a size belongs
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError) as err:  # e.g. a string where a size belongs
         raise ConfigError(f"{source}: metadata value of the wrong type ({err})") from None
 
 
@@ -189,15 +66,18 @@ def _config_from_gguf(meta: dict, source: str) -> ModelConfig:
         raise ConfigError(f"{source}: general.architecture={arch!r} is not supported; "
                           f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
-    def need(key: str):
+    def need(key: str, default=None):
         full = f"{arch}.{key}"
-        if full not in meta:
+        if full not in meta and default is None:
             raise ConfigError(f"{source}: metadata key {full!r} is missing")
-        return meta[full]
+        value = meta.get(full, default)
+        if type(value) is not int or value <= 0:  # a count: 0 would divide by zero, a float or list mislead
+            raise ConfigError(f"{source}: metadata {full}={value!r:.60} must be a positive integer")
+        return value
 
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    kv = meta.get(f"{arch}.attention.head_count_kv", heads)
-    head_dim = int(meta.get(f"{arch}.rope.dimension_count", hidden // heads))
+    hidden, heads = need("embedding_length"), need("attention.head_count")
+    kv = need("attention.head_count_kv", heads)
+    head_dim = need("rope.dimension_count", hidden // heads)
     if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
         raise ConfigError(f"{source}: {arch}.rope.scaling.type={meta[f'{arch}.rope.scaling.type']!r} "
                           "is not supported")
@@ -205,10 +85,10 @@ def _config_from_gguf(meta: dict, source: str) -> ModelConfig:
     tok = lambda key: meta.get(f"tokenizer.ggml.{key}")  # noqa: E731
     try:
         return ModelConfig(
-            model_type="llama", vocab_size=int(vocab), hidden_size=hidden, num_layers=int(need("block_count")),
-            num_heads=heads, num_kv_heads=int(kv), head_dim=head_dim,
-            intermediate_size=int(need("feed_forward_length")),
-            max_position_embeddings=int(need("context_length")), type_vocab_size=0, position="rope",
+            model_type="llama", vocab_size=int(vocab), hidden_size=hidden, num_layers=need("block_count"),
+            num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+            intermediate_size=need("feed_forward_length"),
+            max_position_embeddings=need("context_length"), type_vocab_size=0, position="rope",
             norm="rmsnorm", norm_placement="pre", activation="swiglu", bias=False, causal=True,
             embedding_norm=False, final_norm=True, pooler=False, dropout=0.0, attention_dropout=0.0,
             norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
@@ -278,6 +158,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None, q
                              f"device={device})")
         # copy-on-write map: torch wants a writable buffer; nothing writes, so no page is ever copied
         cow = np.memmap(str(path), dtype=np.uint8, mode="c")
+    _check_shapes_before_allocating(reader, cfg, source)
     model = _skeleton(CausalLM, cfg)
     expected = dict(model.named_parameters())
     tensors: dict[str, torch.Tensor] = {}
@@ -324,6 +205,40 @@ def load_gguf(path: str | Path, dtype: torch.dtype | None = None, device=None, q
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def gguf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> the shape (rows first) the LLaMA `CausalLM` of `cfg` holds it in."""
+    h, q, kv, f = cfg.hidden_size, cfg.num_heads * cfg.dim_head, cfg.kv_heads * cfg.dim_head, cfg.intermediate_size
+    shapes = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,),
+              "output.weight": (cfg.vocab_size, h)}
+    for i in range(cfg.num_layers):
+        shapes.update({f"blk.{i}.attn_norm.weight": (h,), f"blk.{i}.attn_q.weight": (q, h),
+                       f"blk.{i}.attn_k.weight": (kv, h), f"blk.{i}.attn_v.weight": (kv, h),
+                       f"blk.{i}.attn_output.weight": (h, q), f"blk.{i}.ffn_norm.weight": (h,),
+                       f"blk.{i}.ffn_gate.weight": (f, h), f"blk.{i}.ffn_up.weight": (f, h),
+                       f"blk.{i}.ffn_down.weight": (h, f)})
+    return shapes
+
+
+def _check_shapes_before_allocating(reader: GGUFFile, cfg: ModelConfig, source: str) -> None:
+    """The metadata's sizes against the file's tensors before the model is built: the skeleton takes 4 bytes
+    a parameter, so a small file whose metadata claims a 40B model must fail here, not in the allocator.
+    The tensors' own byte ranges were checked against the file size when the header was read; this ties
+    the config to them (`_check_shape` still checks each loaded weight against the built model)."""
+    if cfg.num_layers > len(reader.tensors):  # before building a table of num_layers entries
+        raise CheckpointError(f"{source}: {cfg.num_layers} blocks in the metadata ({cfg.model_type}.block_count), "
+                              f"{len(reader.tensors)} tensors in the file")
+    want = gguf_shapes(cfg)
+    have = {}
+    for name, dims, _, _ in reader.tensors:
+        have[name] = shape = tuple(int(d) for d in reversed(dims))
+        if name in want and shape != want[name]:
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {shape}, the metadata's sizes need "
+                                  f"{want[name]}")
+    missing = [n for n in want if n not in have and n != "output.weight"]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensors " + ", ".join(missing[:6]))
 
 
 def _check_shape(source: str, name: str, shape: tuple, param: torch.Tensor, ours: str) -> None:
@@ -377,9 +292,6 @@ _TOKEN_CONTROL, _TOKEN_USER = 3, 4  # llama.cpp token types (1 = normal, 6 = byt
 def tokenizer_from_gguf(path: str | Path):
     """The file's byte-level BPE tokenizer (GPT-2 style: tokens + merges) as an attnlab Tokenizer, with the
     chat template from the metadata in `.chat_template`."""
-    import tokenizers as tk
-
-    from ..tokenizers import Tokenizer
     path = Path(path)
     meta = metadata(path)
     kind = meta.get("tokenizer.ggml.model")
@@ -388,6 +300,29 @@ def tokenizer_from_gguf(path: str | Path):
     tokens = meta.get("tokenizer.ggml.tokens") or []
     merges = meta.get("tokenizer.ggml.merges") or []
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    for key, values, kind in (("tokens", tokens, str), ("merges", merges, str), ("token_type", types, int)):
+        if not isinstance(values, list) or not all(type(v) is kind for v in values):
+            raise CheckpointError(f"{path}: tokenizer.ggml.{key} must be a list of {kind.__name__}")
+    if len(types) != len(tokens):
+        raise CheckpointError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    bad = next((m for m in merges if " " not in m), None)
+    if bad is not None:
+        raise CheckpointError(f"{path}: tokenizer.ggml.merges: {bad!r:.40} is not two tokens separated by a space")
+    try:
+        return _gguf_tokenizer(path, meta, tokens, merges, types)
+    except (ConfigError, CheckpointError):
+        raise
+    except BaseException as err:  # the Rust library's errors (and panics) name no file; values of the wrong type
+        if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
+            raise  # KeyboardInterrupt, SystemExit
+        raise CheckpointError(f"{path}: tokenizer metadata the tokenizer cannot be built from "
+                              f"({type(err).__name__}: {first_line(err):.200})") from None
+
+
+def _gguf_tokenizer(path: Path, meta: dict, tokens: list, merges: list, types: list):
+    import tokenizers as tk
+
+    from ..tokenizers import Tokenizer
     vocab = {t: i for i, t in enumerate(tokens)}
     backend = tk.Tokenizer(tk.models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges], fuse_unk=False,
                                          byte_fallback=False))
@@ -405,6 +340,8 @@ def tokenizer_from_gguf(path: str | Path):
     for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
                       ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
         i = meta.get(f"tokenizer.ggml.{key}")
+        if i is not None and type(i) is not int:
+            raise CheckpointError(f"{path}: tokenizer.ggml.{key}={i!r:.40} is not a token id")
         if i is not None and 0 <= int(i) < len(tokens):
             specials[role] = tokens[int(i)]
     if meta.get("tokenizer.ggml.add_bos_token") and "bos_token" in specials:
@@ -412,7 +349,10 @@ def tokenizer_from_gguf(path: str | Path):
         backend.post_processor = tk.processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
     arch = meta.get("general.architecture", "")
+    template = meta.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise CheckpointError(f"{path}: tokenizer.chat_template must be a string")
     tok = Tokenizer(backend, specials=specials, name=str(path),
                     model_max_length=int(meta.get(f"{arch}.context_length", 2048)))
-    tok.chat_template = meta.get("tokenizer.chat_template")
+    tok.chat_template = template
     return tok
