@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ..nn.kernels import call_bound
 from ..nn.quantized import BlockEmbedding, BlockLinear, kernels
 from ..nn.norms import RMSNorm
 from .kv_cache import KVCache
@@ -52,7 +53,6 @@ class BlockSteps:
     def __init__(self, model, max_length: int) -> None:
         self.model, self.cfg, self.max_length = model, model.config, max_length
         self.cache = KVCache(self.cfg.num_layers, max_length=max_length)
-        self.lib = kernels()
         self.ptrs = None
 
     def _bind(self) -> bool:
@@ -62,6 +62,8 @@ class BlockSteps:
             kc, vc = self.cache.keys[i], self.cache.values[i]
             if kc is None or not kc.is_contiguous() or kc.dtype != torch.float32 or kc.size(2) < self.max_length:
                 return False
+            if kc.device.type != "cpu" or any(layer.get_submodule(n).blocks.device.type != "cpu" for n in _PROJ):
+                return False  # C reads host memory only: any other device takes the model's own step
             ptrs += [layer.attn_norm.weight.data_ptr(), layer.ffn_norm.weight.data_ptr()]
             for n in _PROJ:
                 mod = layer.get_submodule(n)
@@ -91,11 +93,9 @@ class BlockSteps:
             return out.logits[:, -1].float()
         cfg, x = self.cfg, self.x
         x.copy_(self.model.backbone.embeddings.tok(step_input.reshape(1))[0])
-        rc = self.lib.llama_decode_step(cfg.num_layers, x.data_ptr(), self.ptrs, self.kinds, cfg.hidden_size,
-                                        cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size,
-                                        cfg.norm_eps, self.scale, self.capacity, pos, self.cos[pos].data_ptr(),
-                                        self.sin[pos].data_ptr(), self.scratch.data_ptr())
-        if rc:
-            raise RuntimeError("llama_decode_step failed (unsupported block type or cache overflow)")
+        # Status != 0: an unsupported block type or a cache overflow (raised by the door as RuntimeError).
+        call_bound("llama_decode_step", cfg.num_layers, x.data_ptr(), self.ptrs, self.kinds, cfg.hidden_size,
+                   cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale,
+                   self.capacity, pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), self.scratch.data_ptr())
         self.cache.lengths = [pos + 1] * cfg.num_layers
         return self.model.lm_head(self.model.backbone.final_norm(x))[None]

@@ -246,3 +246,15 @@ def call(fn: str, *args, min_rows: int = 1) -> int:
     if bad:
         raise RuntimeError(f"C kernel function {fn} failed with status {bad[0]}")
     return 0
+
+
+def call_bound(fn: str, *values) -> None:
+    """C function `fn` on ctypes values its caller bound and checked once (a table of pointers to every
+    layer's weights, as inference/block_step.py binds for `llama_decode_step`): the door still owns the
+    library and the status check, so no call reaches C around it."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"C kernel function {fn}: the kernel library is unavailable ({_state.get('error')})")
+    rc = getattr(lib, fn)(*values)
+    if rc:
+        raise RuntimeError(f"C kernel function {fn} failed with status {rc}")
