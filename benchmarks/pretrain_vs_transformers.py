@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="timed steps per setup (after 2 warm-up steps)")
     ap.add_argument("--budget", type=float, default=120, help="seconds of training per setup for the loss race")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--corpus", type=Path, default=Path("/work/runs/corpus-gutenberg-wikitext-bert"))
+    ap.add_argument("--corpus", type=Path, default=Path("runs/corpus-gutenberg-wikitext-bert"))
     ap.add_argument("--setups", default="transformers-fp32,attnlab-fp32,attnlab-bf16,attnlab-fp32-dense,transformers-bf16")
     args = ap.parse_args()
     if args.threads:

@@ -92,9 +92,9 @@ def test_short_attention_expands_a_broadcast_key_mask(spy):
     q_ = torch.randn(4, 2, 5, 16)
     keep = torch.tensor([[True, False, True, True, False]])  # (1, S): one mask for every batch row
     short_attention(q_, q_, q_, keep, 0.25)
-    assert len(spy.calls) == 1
-    call = spy.calls[0]
-    assert call["B"] == 4 and call["keep"] == bytes([1, 0, 1, 1, 0] * 4)  # every row's mask, no bytes past it
+    assert len(spy.calls) >= 1  # one call per thread's share of the rows, each handed the whole expanded mask
+    for call in spy.calls:
+        assert call["B"] == 4 and call["keep"] == bytes([1, 0, 1, 1, 0] * 4)  # every row's mask, no bytes past it
     with pytest.raises(ValueError, match=r"short_attention.*argument keep: expected 20 elements, got 5"):
         kernels.call("short_attention", q_, q_, q_, 4, 2, 2, 5, 5, 16, keep.to(torch.uint8), 0.25,
                      torch.empty(4 * 5 * 2 * 16))

@@ -7,7 +7,7 @@ that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
                 max_position_embeddings: 128
                 # or: init_from: DIR         # continue from a checkpoint (its architecture, its weights)
                 embedding_init: ppmi         # word embeddings from corpus counts first (attnlab.data.cooccur)
-    data:       path: /work/runs/corpus  # a prepared corpus (attnlab prepare); built first if absent
+    data:       path: runs/corpus        # a prepared corpus (attnlab prepare); built first if absent
                 files: [...]             #   from these files (globs; $ATTNLAB_DATA is expanded)
                 tokenizer: DIR | char    #   with this tokenizer (a directory, or "char" to build one,
                                          #   or "bart-bpe:N" to learn a BART byte-level BPE of N tokens)
@@ -15,7 +15,7 @@ that names it (`configs/pretrain-bert-mini.yaml` is a complete example):
                 batch_size: 32
     objective:  kind: mlm+nsp            # see attnlab.objectives.ObjectiveConfig
     train:      max_steps: 1000          # see attnlab.training.TrainArgs
-                output_dir: /work/runs/bert-mini
+                output_dir: runs/bert-mini
 
 `model.init_from=DIR` continues masked-LM pretraining from any encoder checkpoint `attnlab.load` reads
 (attnlab's own layout or Hugging Face's: BertModel, BertForMaskedLM, BertForPreTraining, a fine-tuned
