@@ -463,3 +463,14 @@ def test_hf_cache_shards_are_read(tmp_path):
         f.symlink_to(Path("..", "..", "blobs", f.name))
     sd, source = read_state_dict(snap)
     assert source.name == "model.safetensors.index.json" and "embeddings.word_embeddings.weight" in sd
+
+
+@pytest.mark.parametrize("text, field", [("{" * 5000, "not valid JSON"), ('{"n": ' + "9" * 5000 + "}", "not valid JSON"),
+                                         ("[1, 2]", "expected a JSON object"), ('{"extra": 3}', "extra")])
+def test_attnlab_config_json_that_lies_is_named(tmp_path, text, field):
+    """attnlab's own layout (attnlab_config.json): bad JSON, nesting thousands deep, a 5000-digit integer or
+    a field of the wrong kind is one error naming the file (once: RecursionError, a bare ValueError, ...)."""
+    from attnlab.interop.native import NATIVE_CONFIG, load_native
+    (tmp_path / NATIVE_CONFIG).write_text(text)
+    with pytest.raises(ConfigError, match=rf"{NATIVE_CONFIG}.*{field}"):
+        load_native(tmp_path)

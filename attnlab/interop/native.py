@@ -16,7 +16,7 @@ from .. import heads  # noqa: F401  (every class attnlab_config.json may name is
 from ..config import ConfigError, ModelConfig
 from ..models import decoder, rnn, seq2seq  # noqa: F401
 from ..models.base import Model
-from .files import atomic_write, read_safetensors, read_state_dict
+from .files import atomic_write, read_json, read_safetensors, read_state_dict
 from .hf import load_hf_state_dict, save_pretrained
 from .registry import FAMILIES
 
@@ -65,8 +65,11 @@ def load_native(directory: str | Path, extra: dict | None = None) -> Model:
     """A model saved in attnlab's own layout (attnlab_config.json + attnlab_state.safetensors)."""
     directory = Path(directory)
     path = directory / NATIVE_CONFIG
-    data = json.loads(path.read_text())
-    name = data.get("extra", {}).pop("attnlab_class", "Encoder")
+    data = read_json(path)  # bad JSON, deep nesting or huge ints: one error naming the file
+    extra_data = data.get("extra", {})
+    if not isinstance(extra_data, dict):
+        raise ConfigError(f"{path}: extra: expected a JSON object, got {type(extra_data).__name__}")
+    name = extra_data.pop("attnlab_class", "Encoder")
     cfg = ModelConfig.from_dict(data, source=str(path))
     cfg.extra.update(extra or {})
     classes = native_classes()
