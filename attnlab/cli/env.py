@@ -45,16 +45,6 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def hf_cache(environ=os.environ) -> Path:
-    """Where the Hugging Face hub keeps downloaded models: HF_HUB_CACHE, else HF_HOME/hub, else
-    ~/.cache/huggingface/hub (the hub library's own rule)."""
-    if environ.get("HF_HUB_CACHE"):
-        return Path(environ["HF_HUB_CACHE"]).expanduser()
-    if environ.get("HF_HOME"):
-        return Path(environ["HF_HOME"]).expanduser() / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
-
-
 def kernels() -> list[dict] | str:
     """Each C kernel's status (name, active, reason), or why it is unknown."""
     try:
@@ -95,11 +85,8 @@ def collect() -> dict:
     from ..tasks import data_root
     flags = cpu_flags()
     data = data_root()
-    try:  # the rule model look-up itself follows, when it has one
-        from ..interop.local import hub_cache
-        cache = hub_cache()
-    except ImportError:
-        cache = hf_cache()
+    from ..interop.local import hub_cache  # the one rule model look-up follows
+    cache = hub_cache()
     compilers = {c: shutil.which(c) for c in ("cc", "gcc", "clang")}
     capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
     return {
