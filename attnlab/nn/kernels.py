@@ -10,8 +10,10 @@ UBSan (a separate cache entry; python must run with the ASan runtime preloaded, 
 `sanitize` target).
 
 Fallback: without a C compiler, or on a CPU lacking a kernel's instructions, every entry point takes
-its PyTorch path (same results) and one line per kernel and process says so. `kernel_status()` lists
-every kernel with whether it is active and why (or why not).
+its PyTorch path (same results) and one line per kernel and process says so: a warning when the library
+could not be built (speed is lost that this machine could have), an info line when the CPU lacks the
+kernel's instructions (the PyTorch path is then the fastest correct one here, nothing to act on).
+`kernel_status()` and `attnlab env` list every kernel with whether it is active and why (or why not).
 
 Calls: `call(fn, *args)` checks each argument against the function's declared signature
 (`kernel_signatures.py`): CPU device, dtype, contiguity, shape and size, raising a ValueError that names the
@@ -192,7 +194,9 @@ def active(name: str) -> bool:
         reason = _reason(name)
     if reason and name not in _warned:
         _warned.add(name)
-        _log.warning("attnlab: C kernel %s unavailable (%s); using the PyTorch path", name, reason)
+        # a CPU without the instructions is not a fault: every command on it would repeat the line
+        level = logging.INFO if reason.startswith("this CPU lacks") else logging.WARNING
+        _log.log(level, "attnlab: C kernel %s unavailable (%s); using the PyTorch path", name, reason)
     return not reason
 
 
