@@ -126,6 +126,21 @@ def see_attention() -> None:
     attnlab("viz", "minilm", "--text", "The cat sat on the mat.", "--text-b", "It was happy.",
             "--output", f"{OUT}/attention.html")
     print("(the page opens on the head view; the model and neuron views are one click away, and it works offline)")
+    # the same views, live: the explorer re-runs the model as you type; here one picture of it, taken headless
+    print("\nto type your own text and see every number behind a head: attnlab explore minilm  "
+          "(prints http://127.0.0.1:8765/ to open)", flush=True)
+    explore_picture(f"{OUT}/explore.png")
+
+
+def explore_picture(path: str) -> None:
+    """One screenshot of `attnlab explore minilm` (its head view) when chromium and playwright are here."""
+    from attnlab.explore.screenshot import screenshot, unavailable
+    reason = unavailable()
+    if reason:
+        print(f"(no picture of the explorer: {reason})")
+        return
+    screenshot("minilm", "The cat sat on the mat because it was tired.", path, view="head")
+    print(f"(a picture of its head view: {path})")
 
 
 def walk_through_a_layer() -> None:
@@ -146,6 +161,7 @@ OUTPUTS = {"sentences.npy": "one 384-number vector per line of sentences.txt",
            "reviews/": "the fine-tuned classifier (Hugging Face layout: config.json, model.safetensors)",
            "predictions.txt": "its labels for reviews-new.txt",
            "attention.html": "the attention page: open it in any browser",
+           "explore.png": "a picture of `attnlab explore minilm` (when chromium is installed)",
            "serve.log": "what the server printed while it ran"}
 
 

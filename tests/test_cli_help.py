@@ -24,7 +24,7 @@ HEAVY = ("torch", "numpy", "fastapi", "transformers", "tokenizers", "safetensors
 DOC_PAGES = {"docs/guides/" + p for p in (
     "embeddings.md", "fine-tuning.md", "fine-tuning-defaults.md", "generation-and-serving.md",
     "adapters-sft-dpo.md", "pretraining-and-distillation.md", "inspection.md", "distributed.md",
-    "command-details.md")} | {"docs/research/index.md", "docs/guides/"}
+    "command-details.md", "explorer.md")} | {"docs/research/index.md", "docs/guides/"}
 
 
 def help_text(argv: list[str], capsys, monkeypatch) -> str:

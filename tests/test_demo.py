@@ -39,6 +39,7 @@ def printed_commands(demo, monkeypatch, capsys, tmp_path) -> list[list[str]]:
     monkeypatch.setattr(demo.subprocess, "Popen", FakeServer)
     monkeypatch.setattr(demo.urllib.request, "urlopen", fake_urlopen)
     monkeypatch.setattr(demo, "side_by_side", lambda labels, texts: None)
+    monkeypatch.setattr(demo, "explore_picture", lambda path: None)  # the real-run test below takes it
     monkeypatch.chdir(tmp_path)  # the one file the tour itself writes (the server's log) lands here
     (tmp_path / demo.OUT).mkdir(parents=True)
     steps = []
@@ -144,3 +145,12 @@ def test_the_two_quick_steps_run_for_real(demo, monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "$ attnlab viz minilm" in out and "$ attnlab info minilm --explain" in out
     assert "parameters: 22,713,216" in out  # all-MiniLM-L6-v2's count, from the real files
+    # the explorer's command is shown (and parses); its picture is written, or the reason it was not
+    line = next(ln for ln in out.splitlines() if "attnlab explore minilm" in ln)
+    assert build_parser().parse_args(["explore", "minilm"]).run is not None, line
+    from attnlab.explore.screenshot import unavailable
+    picture = tmp_path / demo.OUT / "explore.png"
+    if unavailable() is None:
+        assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    else:
+        assert not picture.exists() and "no picture of the explorer" in out

@@ -21,7 +21,7 @@ LAYERS = [
     {"models", "heads"},                           # backbones, and the heads that wrap them
     {"interop"},                                   # every checkpoint format + the family registry
     {"data", "objectives", "training", "inference"},
-    {"tasks", "serve", "viz"},
+    {"tasks", "serve", "viz", "explore"},
     {"experiments"},                               # the notes' claims as measurements (use any layer below)
     {"cli", "__main__", ""},                       # the command line and the public façade
 ]

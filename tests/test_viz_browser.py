@@ -8,7 +8,6 @@ Screenshots go to test-artifacts/ (git-ignored). `make test` installs chromium f
 from __future__ import annotations
 
 import io
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,24 +20,8 @@ from attnlab.viz.page import render_page, write_page
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TEXT, TEXT_B = "The cat sat on the mat.", "It was happy."
 
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                                   "(pip install -e '.[test]')")
-    if not CHROMIUM.exists():  # make test has already tried; a bare `pytest` tries once here
-        subprocess.run(["sh", str(REPO / "scripts" / "ensure-chromium.sh")], timeout=900, check=False)
-    if not CHROMIUM.exists():
-        pytest.skip(f"no browser: {CHROMIUM} is missing and `apt-get install chromium` was not possible here")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class Page:

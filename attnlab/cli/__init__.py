@@ -34,6 +34,7 @@ TABLE: dict[str, tuple[str, str, str]] = {
     "evaluate-prompting": ("prompting", "evaluate", "zero/k-shot prompting of a decoder, scored without training"),
     "info": ("info", "inspect", "a model's config, parameters and a per-layer shape/FLOP walkthrough"),
     "viz": ("viz", "inspect", "attention views of a model on a text, as one self-contained HTML page"),
+    "explore": ("explore", "inspect", "explore a model's attention and predictions interactively in the browser"),
     "plot": ("plot", "inspect", "training curves (PNG) and a summary from a run's metrics.jsonl"),
     "env": ("env", "inspect", "what a bug report needs: versions, CPU, precisions, kernels, paths"),
     "serve": ("serve", "serve", "serve a model over HTTP (OpenAI-shaped embeddings, completions, chat)"),

@@ -43,6 +43,7 @@ class AttentionData:
     cross          per layer, cross-attention weights (H, T, S) of an encoder-decoder
     source_tokens  the S tokens cross-attention reads (the encoder's input)
     queries, keys  {layer: (H, T, d_k)}: after RoPE, keys repeated per query head under GQA
+    values         {layer: (H, T, d_k)}: the values the weights average (repeated under GQA like the keys)
     scale          the factor on q·k (1/sqrt(d_k) unless the config says otherwise)
     bias           {layer: (H, T, T)} added to the scores before the softmax (T5's relative bias)
     allowed        {layer: (T, T) bool}: which keys each query may see (causal / sliding window)
@@ -55,6 +56,7 @@ class AttentionData:
     source_tokens: list[str] | None = None
     queries: dict[int, torch.Tensor] = field(default_factory=dict)
     keys: dict[int, torch.Tensor] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
     scale: float | None = None
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
     allowed: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -167,7 +169,7 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     handles = []
     for i in layers_for_neuron:
         attn = backbone.layers[i].attn
-        for name in ("q", "k"):
+        for name in ("q", "k", "v"):
             handles.append(getattr(attn, name).register_forward_hook(
                 lambda _m, _inp, out, key=(i, name): caught.__setitem__(key, out.detach())))
     was_training = model.training
@@ -199,11 +201,12 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     for i in layers_for_neuron:
         q = caught[(i, "q")].view(1, t, h, dh).transpose(1, 2)
         k = caught[(i, "k")].view(1, t, cfg.kv_heads, dh).transpose(1, 2)
+        v = caught[(i, "v")].view(1, t, cfg.kv_heads, dh).transpose(1, 2)
         if rope is not None:  # attention rotates q and k after projecting them; so do we
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cfg.kv_heads != h:  # GQA: each key head serves h // kv_heads query heads
-            k = k.repeat_interleave(h // cfg.kv_heads, dim=1)
-        data.queries[i], data.keys[i] = q[0].float().cpu(), k[0].float().cpu()
+            k, v = k.repeat_interleave(h // cfg.kv_heads, dim=1), v.repeat_interleave(h // cfg.kv_heads, dim=1)
+        data.queries[i], data.keys[i], data.values[i] = q[0].float().cpu(), k[0].float().cpu(), v[0].float().cpu()
         if rel is not None:
             data.bias[i] = rel(t, t)[0].float().cpu()
         if positions is not None:  # DeBERTa: c2p + p2c enter the neuron view as the bias they are to q·k
