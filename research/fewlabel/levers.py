@@ -92,6 +92,7 @@ def install(lev: dict) -> None:
         return net
     ft.load_for_task = load_for_task
     ft._load_for_eval = lambda *a, **k: (lambda r: (patch(r[0]), *r[1:]))(load_eval(*a, **k))
+    sys.modules["attnlab.tasks.finetune_eval"].load_for_eval = ft._load_for_eval  # what evaluate() loads with
 
     loss = None
     if lev.get("rdrop"):
