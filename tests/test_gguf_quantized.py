@@ -15,10 +15,9 @@ from attnlab.nn import quantized as q
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize, quantize  # noqa: E402
 
-from attnlab.nn.precision import cpu_flags  # noqa: E402
-
 pytestmark = pytest.mark.skipif(not q.available(), reason=f"no C compiler: {q.why_unavailable()}")
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+INT8_PATHS = ("avx512-vnni", "avx2")  # the kernel's paths with an integer decode step
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -35,7 +34,7 @@ def test_block_linear_equals_dequantized_fp32(name, m):
     got, want = lin(x), x @ ref_w.T
     # fp32 accumulation in another order, and d*q + m evaluated as one fma: a few ulps of the sums
     assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
-    if m == 1:  # the decode step's row product: x quantized to int8 per block of 32 where the CPU has VNNI.
+    if m == 1:  # the decode step's row product: x quantized to int8 per block of 32 (VNNI or AVX2).
         # Each x_j moves by at most half a step, max|x_block| / 254, so each output moves by at most the sum
         # over blocks of that step times sum_j |w_j| in the block (plus fp32 rounding).
         fast = torch.empty(1, n)
@@ -44,7 +43,7 @@ def test_block_linear_equals_dequantized_fp32(name, m):
         step = x.view(k // 32, 32).abs().amax(-1) / 254                          # (blocks,)
         wsum = ref_w.abs().view(n, k // 32, 32).sum(-1)                          # (n, blocks)
         assert ((fast - want).abs() <= wsum @ step + 1e-5 * max(1.0, want.abs().max().item())).all()
-        assert torch.equal(fast, got) != ("avx512_vnni" in cpu_flags())  # the integer path ran where it can
+        assert torch.equal(fast, got) != (q.block_path() in INT8_PATHS)  # the integer path ran where it can
         with q.exact_products():
             assert lib.ggml_matvec_step(TYPES[name], x.data_ptr(), k, lin.blocks.data_ptr(), n, fast.data_ptr()) == 0
         assert torch.equal(fast, got)
@@ -211,14 +210,14 @@ def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
         assert steps.ptrs is not None and through_door == ["llama_decode_step"] * 2  # the C step ran, twice
         for a, b in zip(logits_c, logits_m):
             assert (a - b).abs().max().item() <= 1e-4
-    with torch.inference_mode():  # the default C step: int8 activation rows where the CPU has VNNI
+    with torch.inference_mode():  # the default C step: int8 activation rows where the CPU has VNNI or AVX2
         steps, cache = BlockSteps(quant, 9 + 3), KVCache(2, max_length=12)
         for i, nxt in enumerate([one, torch.tensor([[7]]), torch.tensor([[100]])]):
             a = steps(nxt)
             b = quant(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
             assert torch.nn.functional.cosine_similarity(a, b).item() >= 0.999
             assert (a - b).abs().max().item() <= 0.05 * b.abs().max().item()
-            if i and "avx512_vnni" in cpu_flags():
+            if i and q.block_path() in INT8_PATHS:
                 assert not torch.equal(a, logits_c[i])  # it is the integer path, not the exact one
     with pytest.raises(ValueError, match="quantized=True runs fp32 activations on the CPU"):
         attnlab.load(tmp_path / "tiny.gguf", quantized=True, dtype=torch.bfloat16)

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "faster, less memory, the same greedy text)")
     p.add_argument("--exact", action="store_true",
                    help=".gguf kept quantized: fp32 activations, greedy text equal to --dequantize's (default: "
-                        "int8 activations where the CPU has AVX512-VNNI, as llama.cpp; near-ties can flip)")
+                        "int8 activations where the CPU has AVX512-VNNI or AVX2, as llama.cpp; near-ties can flip)")
     p.add_argument("--truncate-left", action="store_true",
                    help="drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context "
                         "(default: error)")

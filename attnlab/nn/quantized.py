@@ -4,8 +4,8 @@ are in the file and multiply with them directly, instead of holding a dequantize
 SmolLM2-135M Q4_1 is 92 MB of blocks but 538 MB as fp32; a decoding step reads every weight once, so
 reading 4.5-bit blocks instead of 32-bit floats is most of the speed-up at batch 1. The products run in
 `csrc/ggml_blocks.c` (blocks widened in registers against fp32 activations; in the batch-1 decode step,
-where the CPU has AVX512-VNNI, each activation row is quantized to int8 per block of 32 for integer dot
-products, as llama.cpp does: `exact_products` turns that off; see the file's header for the layouts),
+where the CPU has AVX512-VNNI or AVX2, each activation row is quantized to int8 per block of 32 for integer
+dot products, as llama.cpp does: `exact_products` turns that off; see the file's header for the layouts),
 built once per machine with the system C compiler and called through the checked door of nn/kernels.py.
 With no C compiler, `available()` is False, GGUF files load dequantized to fp32 as before, and these
 modules (built by hand) dequantize tiles with torch's ops: same numbers, slower.
@@ -21,12 +21,34 @@ from torch import nn
 from . import kernels as door
 from .kernel_signatures import BLOCK_BYTES
 from .kernels import split_rows  # noqa: F401  (re-exported: callers split their rows the same way)
+from .precision import cpu_flags
 
 # GGML type id -> (name, bytes per block of 32 weights)
 BLOCK_TYPES = {kind: (name, BLOCK_BYTES[kind]) for kind, name in ((2, "Q4_0"), (3, "Q4_1"), (8, "Q8_0"))}
-# From this many input rows on, BlockLinear dequantizes weight tiles and multiplies with torch's GEMM; below,
-# the block kernel's dot products (batch-1 decoding reads each weight once: bytes moved dominate).
-GEMM_ROWS = 64
+# From how many input rows BlockLinear dequantizes weight tiles and multiplies with torch's GEMM, per path of
+# the C file (below it, the block kernel: batch-1 decoding reads each weight once, bytes moved dominate).
+# AVX512: 64, tuned there. AVX2, kernel vs dequantized tiles + GEMM on SmolLM2's 1536x576 and 576x1536 Q4_1
+# and 1536x576 Q8_0, one thread: 1.0-1.6x faster at 32 and 48 rows, 0.86-1.24x at 64, so 48 (a second thread
+# makes the GEMM faster, not the kernel). The portable C loop loses to the GEMM already at one row.
+_GEMM_ROWS_BY_PATH = {"avx512-vnni": 64, "avx512": 64, "avx2": 48, "portable": 1}
+
+
+def block_path(flags: set[str] | None = None) -> str:
+    """The path of csrc/ggml_blocks.c that the build for a CPU with these flags (default: this one's) takes:
+    "avx512-vnni", "avx512", "avx2" (each with FMA and F16C) or "portable" (also where the flags are unknown:
+    the build is then portable too). The VNNI and AVX2 paths have the integer decode step."""
+    flags = cpu_flags() if flags is None else flags
+    if "avx512f" in flags:
+        return "avx512-vnni" if {"avx512_vnni", "avx512vl"} <= flags else "avx512"
+    return "avx2" if {"avx2", "fma", "f16c"} <= flags else "portable"
+
+
+def gemm_rows(flags: set[str] | None = None) -> int:
+    """From how many input rows BlockLinear uses torch's GEMM on tiles rather than the block kernel."""
+    return _GEMM_ROWS_BY_PATH[block_path(flags)]
+
+
+GEMM_ROWS = gemm_rows()
 _TILE_WEIGHTS = 1 << 20  # weights dequantized at a time (4 MB fp32): every SmolLM2 matrix but the LM head
 _exact_set = False
 
@@ -48,8 +70,9 @@ def exact_products(on: bool = True):
     """Within the block, the batch-1 decode step (inference/block_step.py) multiplies in fp32 against the
     widened weights (the dequantized product to rounding) instead of its default integer path, which
     quantizes each activation row to int8 per block of 32 as llama.cpp does (~1.5x faster products on a CPU
-    with AVX512-VNNI; see csrc/ggml_blocks.c). Everything else (prompts, the LM head, BlockLinear called
-    from Python) is exact either way. ATTNLAB_GGUF_EXACT=1 (or `generate --exact`) makes exact the default."""
+    with AVX512-VNNI, ~2x with AVX2; see csrc/ggml_blocks.c). Everything else (prompts, the LM head,
+    BlockLinear called from Python) is exact either way. ATTNLAB_GGUF_EXACT=1 (or `generate --exact`) makes
+    exact the default."""
     lib = kernels()
     old = door.call("ggml_exact", int(on)) if lib is not None else 1
     try:
