@@ -1,0 +1,98 @@
+"""The transformers side of glue_vs_transformers.py, run as its own process: transformers' Trainer with the
+defaults of its run_glue example (AutoModelForSequenceClassification, lr 2e-5, batch 32, 3 epochs, max length
+128, weight decay 0, no warmup, linear decay, seed set before the model is built, no evaluation during
+training, no checkpoints), then predictions on the report set, scored by the same metric code as attnlab's.
+
+    python benchmarks/_glue_trainer.py --task rte --train train.tsv --report dev.tsv --model-dir DIR \
+        --seed 1 --threads 2 --padding dynamic --output DIR --result result.json
+
+The files are read by attnlab's task readers, so both sides see the same examples. The result JSON holds the
+metrics, the time training ended (time.time(), so the caller measures wall time from the process's launch
+to the end of training) and the CPU seconds the process had used by then."""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+RECIPE = dict(learning_rate=2e-5, per_device_train_batch_size=32, num_train_epochs=3, max_seq_length=128,
+              weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear")
+
+
+def encode(tok, examples: list[dict], label2id: dict | None, padding: str) -> list[dict]:
+    """run_glue's preprocessing: sentence (or pair) to ids, cut at max_seq_length, padded to it when asked."""
+    first = [ex["texts"][0] for ex in examples]
+    second = [ex["texts"][1] for ex in examples] if len(examples[0]["texts"]) > 1 else None
+    enc = tok(first, second, truncation=True, max_length=RECIPE["max_seq_length"],
+              padding="max_length" if padding == "max" else False)
+    rows = []
+    for i, ex in enumerate(examples):
+        row = {k: enc[k][i] for k in enc.keys()}
+        row["labels"] = float(ex["label"]) if label2id is None else label2id[ex["label"]]
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", required=True, help="attnlab's task name, whose reader reads the files")
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--report", required=True)
+    ap.add_argument("--model-dir", required=True, help="a Hugging Face model directory")
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--padding", choices=("max", "dynamic"), required=True)
+    ap.add_argument("--output", required=True, help="the Trainer's output_dir (it writes no checkpoint)")
+    ap.add_argument("--result", required=True, help="JSON file to write")
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+    torch.set_num_threads(args.threads)
+    import transformers as tf
+    from attnlab.tasks import get_task
+
+    task = get_task(args.task)
+    train_ex, report_ex = task.read(args.train), task.read(args.report)
+    regression = bool(getattr(task, "regression", False))
+    labels = None if regression else sorted({ex["label"] for ex in train_ex})
+    label2id = None if labels is None else {name: i for i, name in enumerate(labels)}
+
+    tf.set_seed(args.seed)  # run_glue seeds before building the model, so the new head's weights follow the seed
+    tok = tf.AutoTokenizer.from_pretrained(args.model_dir)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        args.model_dir, num_labels=1 if regression else len(labels),
+        **({} if regression else dict(id2label=dict(enumerate(labels)), label2id=label2id)))
+    collator = tf.default_data_collator if args.padding == "max" else tf.DataCollatorWithPadding(tok)
+    targs = tf.TrainingArguments(
+        output_dir=args.output, seed=args.seed, learning_rate=RECIPE["learning_rate"],
+        per_device_train_batch_size=RECIPE["per_device_train_batch_size"],
+        num_train_epochs=RECIPE["num_train_epochs"], weight_decay=RECIPE["weight_decay"],
+        warmup_steps=RECIPE["warmup_steps"], lr_scheduler_type=RECIPE["lr_scheduler_type"],
+        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True)
+    trainer = tf.Trainer(model=model, args=targs, train_dataset=encode(tok, train_ex, label2id, args.padding),
+                         data_collator=collator)
+    trainer.train()
+    train_end = time.time()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime
+
+    start = time.perf_counter()
+    out = trainer.predict(encode(tok, report_ex, label2id, args.padding))
+    logits = out.predictions[0] if isinstance(out.predictions, tuple) else out.predictions
+    if regression:
+        predictions = [round(float(v), 4) for v in np.asarray(logits).reshape(-1)]
+    else:
+        predictions = [labels[i] for i in np.argmax(logits, -1).tolist()]
+    metrics = task.score(report_ex, predictions)
+    Path(args.result).write_text(json.dumps({
+        "metrics": {k: round(v, 4) for k, v in metrics.items()}, "train_end": train_end, "cpu_s": round(cpu, 1),
+        "predict_s": round(time.perf_counter() - start, 1), "train_examples": len(train_ex),
+        "report_examples": len(report_ex), "steps": trainer.state.global_step, "padding": args.padding,
+        "threads": torch.get_num_threads(), "transformers": tf.__version__, **RECIPE}))
+
+
+if __name__ == "__main__":
+    main()
