@@ -45,6 +45,7 @@ INPUTS: dict[str, dict[str, str]] = {
     "sft": {"model": "model", "data": "file", "valid": "file"},
     "dpo": {"model": "model", "data": "file"},
     "evaluate-prompting": {"model": "model", "data": "file", "pool": "file"},
+    "explore": {"model": "model", "api_key_file": "file"},
     "env": {},
     "completion": {},
 }

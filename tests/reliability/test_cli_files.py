@@ -60,6 +60,7 @@ def argv_for(command: str, dest: str, bad: str, good: dict[str, Path]) -> list[s
         "translate": lambda v: ["translate", v["model"], "--input", v["input"], "--output", o],
         "serve": lambda v: ["serve", v["model"], "--api-key-file", v["api_key_file"], "--ssl-certfile", v["ssl_certfile"],
                             "--ssl-keyfile", v["ssl_keyfile"], "--adapter", v["adapter"]],
+        "explore": lambda v: ["explore", v["model"], "--api-key-file", v["api_key_file"]],
         "curve": lambda v: ["curve", "sst2", "--model", v["model"], "--scratch", v["scratch"], "--train", v["train"],
                             "--valid", v["valid"], "--output", o],
         "sft": lambda v: ["sft", v["model"], "--data", v["data"], "--valid", v["valid"], "--output", o],
@@ -87,7 +88,7 @@ def option_of(command: str, dest: str) -> str:
     if command == "soup":
         return "MODEL"
     if command in ("info", "embed", "generate", "viz", "plot", "tokenizer", "prepare", "translate", "serve",
-                   "sft", "dpo") \
+                   "sft", "dpo", "explore") \
             and dest in OPTION:
         return OPTION[dest]
     return "--" + dest.replace("_", "-")
