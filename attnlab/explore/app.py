@@ -41,19 +41,20 @@ class RunRequest(BaseModel):
     text_b: str | None = None
 
 
-class NextRequest(BaseModel):
-    text: str
+class Shaping(BaseModel):
+    """How the next-token distribution is re-shaped before sampling (every decoder request takes it)."""
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+
+
+class NextRequest(Shaping):
+    text: str
     top: int = 20
 
 
-class ReshapeRequest(BaseModel):
+class ReshapeRequest(Shaping):
     session: str
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
     top: int = 20
 
 
@@ -62,12 +63,9 @@ class StepRequest(ReshapeRequest):
     seed: int = 0
 
 
-class PathsRequest(BaseModel):
+class PathsRequest(Shaping):
     text: str
     steps: int = 16
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
     seed: int = 0
 
 
