@@ -2,8 +2,7 @@
 the app served in this process on one torch thread:
 
 (a) an edit of a 64-token text on MiniLM: from the textarea's input event to the last view redrawn (tokens,
-    model view, head view, equation), which includes the page's 40 ms typing debounce; beside it the
-    server's own compute time for the run;
+    model view, head view, equation); beside it the server's own compute time for the run;
 (b) a decoder step on SmolLM2 (the GGUF, kept quantized): from the click on "Step: greedy" to the next-token
     list and the KV cache redrawn, and the server time of the step;
 (c) the page's JS heap after opening a 512-token text on SmolLM2 (30 layers x 9 heads), after a garbage

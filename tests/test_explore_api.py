@@ -4,6 +4,7 @@ KV-cache steps and greedy path equal generation (the SmolLM2 GGUF kept quantized
 similarity and cross-attention equal the models'; limits, API key, Host and static files are enforced."""
 from __future__ import annotations
 
+import base64
 import math
 
 import pytest
@@ -30,6 +31,15 @@ def client(explorer: Explorer, **kw) -> TestClient:
 def ok(response) -> dict:
     assert response.status_code == 200, response.text
     return response.json()
+
+
+def thumbnail_maps(thumbs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(layers, heads, size*size) values decoded from the run's bytes, and the rounding bound of each map."""
+    assert thumbs["encoding"] == "uint8-base64"
+    peak = torch.tensor(thumbs["peak"])
+    cells = torch.frombuffer(bytearray(base64.b64decode(thumbs["data"])), dtype=torch.uint8)
+    cells = cells.reshape(*peak.shape, thumbs["size"] ** 2).float()
+    return cells / 255 * peak[..., None], peak / 510 + 1e-6
 
 
 def check_head_equation(c: TestClient, run: str, layer: int, head: int, token: int, want_weights: torch.Tensor):
@@ -78,8 +88,17 @@ def test_minilm_head_numbers_are_the_models(minilm_ex):
     n = enc["input_ids"].size(1)
     thumbs = r["thumbnails"]
     assert thumbs["size"] == min(n, 24) == n  # a short text: the maps are the weights themselves
-    assert len(thumbs["data"]) == 6 and len(thumbs["data"][0]) == 12 and len(thumbs["data"][5][11]) == n * n
-    torch.testing.assert_close(torch.tensor(thumbs["data"][3][7]), ref[3][0, 7].reshape(-1), rtol=0, atol=1e-5)
+    maps, bound = thumbnail_maps(thumbs)
+    assert maps.shape == (6, 12, n * n)
+    assert ((maps[3, 7] - ref[3][0, 7].reshape(-1)).abs() <= bound[3, 7]).all()
+    assert maps[3, 7].max() == pytest.approx(ref[3][0, 7].max().item(), rel=1e-5)  # the peak is exact
+    # with the open head (layer, head, token), the run answers its map and equation too: one round trip
+    v = ok(c.post("/api/run", json={"text": PAIR[0], "text_b": PAIR[1], "layer": 2, "head": 5,
+                                    "token": 10_000}))["view"]
+    assert v["head"]["token"] == n - 1 and v["attention"]["layer"] == 2 and v["attention"]["head"] == 5
+    torch.testing.assert_close(torch.tensor(v["attention"]["weights"]), ref[2][0, 5].reshape(-1), rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(v["head"]["weights"]), ref[2][0, 5, n - 1], rtol=0, atol=1e-5)
+    assert c.post("/api/run", json={"text": PAIR[0], "layer": 6, "head": 0, "token": 0}).status_code == 422
     a = ok(c.get(f"/api/attention?run={r['run']}&layer=4&head=2"))
     assert a["n"] == n and a["allowed"] is None and a["scale"] == pytest.approx(32 ** -0.5, rel=1e-5)
     torch.testing.assert_close(torch.tensor(a["weights"]), ref[4][0, 2].reshape(-1), rtol=0, atol=1e-5)
@@ -95,12 +114,13 @@ def test_long_input_is_pooled_and_fetched_per_layer(minilm_ex, monkeypatch):
     text = " ".join(["a cat saw a dog and"] * 10)
     r = ok(c.post("/api/run", json={"text": text}))
     n = len(r["tokens"])
-    assert n > 24 and r["thumbnails"]["size"] == 24 and len(r["thumbnails"]["data"][0][0]) == 24 * 24
+    maps, bound = thumbnail_maps(r["thumbnails"])
+    assert n > 24 and r["thumbnails"]["size"] == 24 and maps.shape == (6, 12, 24 * 24)
     ids = minilm_ex.tokenizer(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         ref = minilm_ex.model(input_ids=ids, output_attentions=True).attentions
     pooled = torch.nn.functional.adaptive_avg_pool2d(ref[1][0, 3][None, None], 24).reshape(-1)
-    torch.testing.assert_close(torch.tensor(r["thumbnails"]["data"][1][3]), pooled, rtol=0, atol=1e-5)
+    assert ((maps[1, 3] - pooled).abs() <= bound[1, 3]).all()
     assert minilm_ex.runs[r["run"]].weights is None
     check_head_equation(c, r["run"], 1, 3, 7, ref[1][0, 3, 7])
     a = ok(c.get(f"/api/attention?run={r['run']}&layer=5&head=0"))

@@ -39,6 +39,10 @@ MAX_BODY = 1 << 20
 class RunRequest(BaseModel):
     text: str
     text_b: str | None = None
+    # the open head: its map and equation come back with the run (one round trip per edit)
+    layer: int | None = None
+    head: int | None = None
+    token: int | None = None
 
 
 class Shaping(BaseModel):
@@ -155,7 +159,10 @@ def create_app(model_or_session, api_key: str | None = None, allowed_hosts=None,
 
     @app.post("/api/run")
     async def run(body: RunRequest):
-        return _json(await call(ex.run, body.text, body.text_b))
+        view = None
+        if body.layer is not None or body.head is not None or body.token is not None:
+            view = (body.layer or 0, body.head or 0, body.token or 0)
+        return _json(await call(ex.run, body.text, body.text_b, view))
 
     @app.get("/api/attention")
     async def attention(run: str, layer: int, head: int, stack: str | None = None):

@@ -173,7 +173,8 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
             handles.append(getattr(attn, name).register_forward_hook(
                 lambda _m, _inp, out, key=(i, name): caught.__setitem__(key, out.detach())))
     was_training = model.training
-    model.eval()  # no dropout: the page shows the function the model computes
+    if was_training:  # eval() on an eval model would still drop the packed CPU weights (nn/cpu_linear.py)
+        model.eval()  # no dropout: the page shows the function the model computes
     device = next(model.parameters()).device
     xl, visible = _xl_inputs(backbone, t, stream, order, device)
     try:
@@ -182,7 +183,8 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     finally:
         for handle in handles:
             handle.remove()
-        model.train(was_training)
+        if was_training:
+            model.train()
     if "target_mapping" in xl:  # two streams: per layer (content, query); the hooks caught the query stream's q
         out.attentions = tuple(w[1] for w in out.attentions)
     if not out.attentions or any(w is None for w in out.attentions):

@@ -9,7 +9,7 @@ const explore = (() => {
     model: null, run: null, tokens: [], layer: 0, head: 0, token: 0, view: "model",
     gen: 0,          // bumped per edit: answers of an older edit are dropped
     attention: null, // the open head's map (one layer/head only)
-    thumbs: null,    // {size, maps: Float32Array per layer*head}
+    thumbs: null,    // {size, maps: Uint8Array per layer*head, each scaled to its own peak}
     timing: null,    // the last edit: {start, end, serverMs}, read by the latency benchmark
     renders: 0,
   };
@@ -117,17 +117,32 @@ const explore = (() => {
   }
 
   // ------------------------------------------------------------------------------------------ run
-  let debounce = null;
+  // An edit runs at once when nothing is in flight; edits made meanwhile collapse into one run when it
+  // returns. Typing fast keeps one request in flight, and a single edit waits for no timer.
+  let inflight = false, pending = null;
   function onEdit(ev) {
     const start = ev && ev.timeStamp !== undefined ? ev.timeStamp : performance.now();
-    clearTimeout(debounce);
-    debounce = setTimeout(() => update(start), 40);  // typing fast sends one request, not one per key
+    if (inflight) { pending = start; return; }
+    update(start);
   }
 
   async function update(start) {
+    inflight = true;
+    try {
+      await runText(start);
+    } finally {
+      inflight = false;
+      if (pending !== null) { const s = pending; pending = null; update(s); }
+    }
+  }
+
+  async function runText(start) {
     const gen = ++state.gen;
     document.body.dataset.busy = "1";
-    const body = { text: $("text").value, text_b: null };
+    // a decoder's last token is the one that predicts the next: open on it the first time
+    const first = state.renders === 0 && state.model.kind === "decoder";
+    const body = { text: $("text").value, text_b: null, layer: state.layer, head: state.head,
+                   token: first ? 1 << 30 : state.token };  // the server clamps the token to the last one
     if (state.model.kind === "encoder" && $("text-b").value.trim()) body.text_b = $("text-b").value;
     let r;
     try {
@@ -140,19 +155,26 @@ const explore = (() => {
     setError("");
     state.run = r.run;
     state.tokens = r.tokens;
-    // a decoder's last token is the one that predicts the next: open on it the first time
-    state.token = state.renders === 0 && state.model.kind === "decoder" ? r.tokens.length - 1
-      : Math.min(state.token, r.tokens.length - 1);
+    state.token = r.view ? r.view.head.token : Math.min(state.token, r.tokens.length - 1);
     const n = r.tokens.length, size = r.thumbnails.size;
+    // one byte per cell, each map scaled to its own peak: drawn as they are (drawMap normalizes)
+    const bytes = Uint8Array.from(atob(r.thumbnails.data), (c) => c.charCodeAt(0));
     const maps = [];
-    for (const layer of r.thumbnails.data) for (const head of layer) maps.push(Float32Array.from(head));
+    for (let i = 0; i < r.num_layers * r.num_heads; i++) maps.push(bytes.subarray(i * size * size, (i + 1) * size * size));
     state.thumbs = { size, maps };
     $("mask-kind").textContent = "mask: " + r.mask_kind;
     $("status").textContent = `${n} tokens · server ${fmt(r.ms)} ms`;
     renderTokens();
     fillSelect($("token"), n, (i) => `${i}: ${showPiece(r.tokens[i].piece)}`, state.token);
     renderGrid(r.num_layers, r.num_heads);
-    const jobs = [loadHead(gen)];
+    const jobs = [];
+    if (r.view) {
+      state.attention = r.view.attention;
+      renderHead(r.view.attention);
+      renderEquation(r.view.head);
+    } else {
+      jobs.push(loadHead(gen));
+    }
     for (const f of hooks.afterRun) jobs.push(f(gen, body.text));
     await Promise.all(jobs);
     if (gen !== state.gen) return;
@@ -194,11 +216,19 @@ const explore = (() => {
   // ------------------------------------------------------------------------------------------ model view
   function renderGrid(layers, heads) {
     const grid = $("grid");
+    const { size, maps } = state.thumbs;
+    if (grid.dataset.shape === `${layers}x${heads}`) {  // an edit: redraw the canvases already there
+      for (let l = 0; l < layers; l++) {
+        for (let h = 0; h < heads; h++) drawMap($(`thumb-${l}-${h}`).firstChild, maps[l * heads + h], size, size, null, true);
+      }
+      markThumb();
+      return;
+    }
+    grid.dataset.shape = `${layers}x${heads}`;
     grid.replaceChildren();
     grid.style.gridTemplateColumns = `auto repeat(${heads}, 1fr)`;
     grid.append(el("span", "corner", "L\\H"));
     for (let h = 0; h < heads; h++) grid.append(el("span", "colhead", String(h)));
-    const { size, maps } = state.thumbs;
     for (let l = 0; l < layers; l++) {
       grid.append(el("span", "rowhead", String(l)));
       for (let h = 0; h < heads; h++) {
