@@ -205,7 +205,9 @@ async def drive(url: str, requests: list[dict], clients: int) -> tuple[list[dict
     for r in requests:
         queue.put_nowait(r)
     results: list[dict] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    # a fresh connection per request: a kept-alive one that the server closed while idle would fail its next
+    # request ("server disconnected") through no fault of the server (seen once against llama-server)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(900.0), limits=limits) as client:
         stamp = time.perf_counter()
 
@@ -280,7 +282,7 @@ def attnlab_argv(side: str, port: int, args) -> list[str]:
     common = ["--port", str(port), "--max-batch", str(args.max_batch), "--kv-blocks", str(args.kv_blocks),
               "--max-queued", "1024", "--timeout", "900"]
     return [str(Path(sys.executable).parent / "attnlab"), "serve", "smollm2", *common,
-            *(["--dequantize"] if side == "attnlab-fp32" else [])]
+            *(["--dequantize"] if side == "attnlab-fp32" else []), *args.attnlab_arg]
 
 
 def check_greedy(side: str, texts: dict, requests: list[dict]) -> tuple[int, list[int]]:
@@ -329,6 +331,7 @@ def main() -> None:
     p.add_argument("--rss-streams", default="1,8,64", help="concurrent streams at which RSS is sampled")
     p.add_argument("--llama-bin", default=None, help="llama-server, or the directory holding it")
     p.add_argument("--llama-arg", action="append", default=[], help="one more llama-server argument (repeat)")
+    p.add_argument("--attnlab-arg", action="append", default=[], help="one more attnlab serve argument (repeat)")
     p.add_argument("--check-greedy", action="store_true",
                    help="compare each attnlab side's outputs to offline greedy generate, every request, full length")
     p.add_argument("--logs", default="/tmp", help="directory for the servers' logs")
@@ -354,7 +357,8 @@ def main() -> None:
                     "-tb", str(args.threads), "-c", str(n * SLOT_CONTEXT), "--host", "127.0.0.1",
                     "--port", str(port), *extra]))
         else:
-            configs.append((f"--max-batch {args.max_batch}", lambda port, side=side: attnlab_argv(side, port, args)))
+            configs.append((" ".join([f"--max-batch {args.max_batch}", *args.attnlab_arg]),
+                            lambda port, side=side: attnlab_argv(side, port, args)))
         for label, make in configs:
             port = free_port()
             argv = make(port)

@@ -327,7 +327,7 @@ def test_fill_mask_on_a_tiny_mlm(minilm):
     assert none.status_code == 400 and none.json()["error"].startswith("text: no mask token")
 
 
-@pytest.mark.parametrize("name", ["t5", "bart"])
+@pytest.mark.parametrize("name", ["t5", "bart", "transformer"])
 def test_cross_attention_is_the_models(name):
     tok = attnlab.load_tokenizer("byte")
     torch.manual_seed(0)
@@ -335,10 +335,14 @@ def test_cross_attention_is_the_models(name):
         cfg = preset("byt5-small", hidden_size=32, num_heads=2, head_dim=16, intermediate_size=64, num_layers=2,
                      relative_num_buckets=8, relative_max_distance=16,
                      extra={"num_decoder_layers": 2, "decoder_start_token_id": 0, "scale_decoder_outputs": False})
-    else:
+    elif name == "bart":
         cfg = preset("bart-base", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=4,
                      intermediate_size=48, max_position_embeddings=64,
                      extra={**preset("bart-base").extra, "num_decoder_layers": 2})
+    else:  # the original Transformer (Vaswani et al. 2017), the notes' translation example
+        cfg = preset("transformer-base", vocab_size=len(tok), hidden_size=32, num_layers=2, num_heads=4,
+                     intermediate_size=48, max_position_embeddings=64,
+                     extra={**preset("transformer-base").extra, "num_decoder_layers": 2})
     model = attnlab.from_config(cfg).eval()
     ex = Explorer(model, tok, name=name)
     c = client(ex)
@@ -390,6 +394,44 @@ def test_bigbird_blocks_enter_the_equation_as_counts():
         ref = model(ids, output_attentions=True).attentions
     h = check_head_equation(c, r["run"], 0, 1, 20, ref[0][0, 1, 20])
     assert sum(h["allowed"]) < 40 and max(h["bias"]) == pytest.approx(math.log(2), abs=1e-5)
+
+
+def test_longformer_global_tokens_open_their_rows_and_columns():
+    """Longformer: the window band plus the global tokens' rows and columns (the first token by default,
+    any positions on request); the weights and the equation are the model's with that global mask."""
+    cfg = preset("longformer-base", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                 sliding_window=3, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = attnlab.from_config(cfg).eval()
+    ex = Explorer(model, None, name="longformer")
+    n = 12
+    ids = torch.randint(3, 50, (1, n), generator=torch.Generator().manual_seed(1))
+    ex.encode = lambda text, text_b=None: (ids, None)
+    ex.piece = lambda i: f"t{int(i)}"
+    ex.token_list = lambda ids, segments=None: [{"id": int(i)} for i in ids]
+    c = client(ex)
+    band = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs() < 3
+    for request, glob in (({}, [0]), ({"global_tokens": [5, 2]}, [2, 5])):
+        r = ok(c.post("/api/run", json={"text": "ignored", **request}))
+        assert r["mask_kind"] == "longformer" and r["global_tokens"] == glob
+        g = torch.zeros(1, n, dtype=torch.bool)
+        g[0, glob] = True
+        want = band.clone()
+        want[g[0]] = True
+        want[:, g[0]] = True
+        a = ok(c.get(f"/api/attention?run={r['run']}&layer=1&head=1"))
+        assert torch.equal(torch.tensor(a["allowed"]).reshape(n, n).bool(), want)
+        assert ", ".join(map(str, glob)) in a["mask_note"]
+        with torch.no_grad():
+            ref = model(ids, global_attention_mask=g.long(), output_attentions=True).attentions
+        torch.testing.assert_close(torch.tensor(a["weights"]), ref[1][0, 1].reshape(-1), rtol=0, atol=1e-5)
+        check_head_equation(c, r["run"], 1, 1, 9, ref[1][0, 1, 9])  # a local row that sees the globals
+        check_head_equation(c, r["run"], 0, 0, glob[0], ref[0][0, 0, glob[0]])  # a global row sees all
+    assert c.post("/api/run", json={"text": "x", "global_tokens": [n]}).status_code == 422
+    plain = Explorer(attnlab.from_config(preset("bert-tiny", vocab_size=50, num_layers=1, hidden_size=16,
+                                                num_heads=2, intermediate_size=32)), None)
+    plain.encode, plain.piece, plain.token_list = ex.encode, ex.piece, ex.token_list
+    assert client(plain).post("/api/run", json={"text": "x", "global_tokens": [0]}).status_code == 400
 
 
 # ------------------------------------------------------------------------------------------ SmolLM2 GGUF

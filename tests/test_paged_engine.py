@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.inference.engine import Engine, QueueFull, SamplingParams
+from attnlab.inference.engine import PAD_WASTE, Engine, QueueFull, SamplingParams, prefill_groups
 from attnlab.inference.generate import generate
 from attnlab.inference.paged import BlockPool, BlockTable, PagedBatchCache
 
@@ -33,6 +33,21 @@ def model_for(kind):
     m = tiny(kind)
     m.config.eos_token_id = EOS
     return m
+
+
+def test_prefill_batches_rows_of_similar_length():
+    """Every row once; a batch pads to its longest row within PAD_WASTE x its real tokens; a mix of chat
+    prompt lengths computes far fewer padded positions than one batch (which pads all to 391)."""
+    chunks = [30, 400, 200, 210, 35, 390, 7]
+    groups = prefill_groups(chunks)
+    assert sorted(i for g in groups for i in g) == list(range(len(chunks)))
+    for g in groups:
+        assert max(chunks[i] for i in g) * len(g) <= PAD_WASTE * sum(chunks[i] for i in g)
+    assert prefill_groups([50, 50, 50]) == [[0, 1, 2]] and prefill_groups([5]) == [[0]]
+    g = torch.Generator().manual_seed(0)
+    mix = [int(x) for x in torch.randint(27, 392, (64,), generator=g)]
+    padded = sum(max(mix[i] for i in grp) * len(grp) for grp in prefill_groups(mix))
+    assert padded <= PAD_WASTE * sum(mix) < 0.7 * max(mix) * len(mix)
 
 
 def test_block_pool_tables_and_slots():

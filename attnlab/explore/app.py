@@ -43,6 +43,7 @@ class RunRequest(BaseModel):
     layer: int | None = None
     head: int | None = None
     token: int | None = None
+    global_tokens: list[int] | None = None  # Longformer: positions with global attention (default [0])
 
 
 class Shaping(BaseModel):
@@ -162,7 +163,7 @@ def create_app(model_or_session, api_key: str | None = None, allowed_hosts=None,
         view = None
         if body.layer is not None or body.head is not None or body.token is not None:
             view = (body.layer or 0, body.head or 0, body.token or 0)
-        return _json(await call(ex.run, body.text, body.text_b, view))
+        return _json(await call(ex.run, body.text, body.text_b, view, body.global_tokens))
 
     @app.get("/api/attention")
     async def attention(run: str, layer: int, head: int, stack: str | None = None):

@@ -83,6 +83,7 @@ class Run:
     stacks: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # translate: encoder/decoder/cross
     layers: OrderedDict = field(default_factory=OrderedDict)  # layer -> AttentionData computed on demand
     model: Any = None                      # what `extract` runs on (a seq2seq model's encoder)
+    global_tokens: list[int] | None = None  # Longformer: positions with global attention
 
 
 class Explorer:
@@ -161,12 +162,16 @@ class Explorer:
         return enc["input_ids"], types
 
     # ------------------------------------------------------------------ runs
-    def run(self, text: str, text_b: str | None = None, view: tuple[int, int, int] | None = None) -> dict:
+    def run(self, text: str, text_b: str | None = None, view: tuple[int, int, int] | None = None,
+            global_tokens: list[int] | None = None) -> dict:
         """Tokens, thumbnails of every head, and with `view` = (layer, head, token) that head's map and
-        equation too (the token clamped to the text's last), so an edit redraws every view from one answer."""
+        equation too (the token clamped to the text's last), so an edit redraws every view from one answer.
+        A Longformer gives global attention to `global_tokens` (default: the first token, [CLS] / <s>, as
+        its classification setting does; Beltagy et al. 2020, §3.1)."""
         ids, types = self.encode(text, text_b)
         n = ids.size(1)
         self.check_length(n)
+        glob = self.check_global(global_tokens, n)
         cfg = self.stack.config
         layers, heads, dh = cfg.num_layers, cfg.num_heads, cfg.dim_head
         keep_weights = layers * heads * n * n <= WEIGHT_BUDGET
@@ -174,22 +179,33 @@ class Explorer:
         pieces = [self.piece(i) for i in ids[0].tolist()]
         with self.lock:
             start = time.perf_counter()
-            data = extract(self.stack, ids, pieces, token_type_ids=types, neuron=neuron)
+            data = extract(self.stack, ids, pieces, token_type_ids=types, neuron=neuron, global_tokens=glob)
             thumbs = thumbnails(data.layers)
             ms = (time.perf_counter() - start) * 1e3
             run = Run(uuid.uuid4().hex[:12], ids, types, pieces, data.layers if keep_weights else None, data,
-                      model=self.stack)
+                      model=self.stack, global_tokens=glob)
             data.layers = data.layers if keep_weights else []
             self._keep(run)
         out = {"run": run.id, "tokens": self.token_list(ids[0].tolist(), types[0].tolist() if types is not None
                                                         else None),
                "num_layers": layers, "num_heads": heads, "thumbnails": thumbs, "mask_kind": self.attention_kind(),
-               "ms": round(ms, 3)}
+               "global_tokens": glob, "ms": round(ms, 3)}
         if view is not None:
             layer, head, token = view
             out["view"] = {"attention": self.attention(run.id, layer, head),
                            "head": self.head(run.id, layer, head, min(token, n - 1))}
         return out
+
+    def check_global(self, tokens: list[int] | None, n: int) -> list[int] | None:
+        """The Longformer global positions of a run: [0] by default; None for every other model."""
+        if not self.stack.config.global_attention:
+            if tokens:
+                raise ExploreError(400, "global_tokens: only a Longformer (global_attention) has global tokens")
+            return None
+        tokens = [0] if tokens is None else sorted(set(tokens))
+        for i in tokens:
+            self._check_index(i, n, "global_tokens")
+        return tokens
 
     def _keep(self, run: Run) -> None:
         self.runs[run.id] = run
@@ -217,7 +233,8 @@ class Explorer:
             return run.weights[layer], run.data
         with self.lock:
             if layer not in run.layers:
-                data = extract(run.model, run.ids, run.pieces, token_type_ids=run.token_types, neuron=[layer])
+                data = extract(run.model, run.ids, run.pieces, token_type_ids=run.token_types, neuron=[layer],
+                               global_tokens=run.global_tokens)
                 data.layers = [data.layers[layer]]  # only this layer's weights stay
                 run.layers[layer] = data
                 while len(run.layers) > 2:
@@ -243,7 +260,7 @@ class Explorer:
         allowed = self.allowed(data, layer, n)
         return {"layer": layer, "head": head, "n": n, "weights": rounded(weights[head].reshape(-1)),
                 "allowed": allowed.int().reshape(-1).tolist() if allowed is not None else None,
-                "scale": rounded(self.scale(data)), "mask_note": self.mask_note(layer, n)}
+                "scale": rounded(self.scale(data)), "mask_note": self.mask_note(layer, n, run.global_tokens)}
 
     def _stack_attention(self, run: Run, layer: int, head: int, stack: str) -> dict:
         if stack not in ("encoder", "decoder"):
@@ -336,20 +353,24 @@ class Explorer:
             return "mixed" if cfg.extra.get("global_every") else "sliding"
         return "causal" if cfg.causal else "full"
 
-    def mask_note(self, layer: int, n: int) -> str:
+    def mask_note(self, layer: int, n: int, global_tokens: list[int] | None = None) -> str:
         cfg = self.stack.config
         kind = self.attention_kind()
         if kind == "bigbird":
             return f"BigBird blocks of {cfg.sparse_block_size}: first/last block global, 3-block band " \
                    f"(no random blocks at inference)"
+        if kind == "longformer":
+            w = cfg.sliding_window
+            where = ", ".join(map(str, global_tokens or [])) or "none"
+            return (f"longformer: window |i - j| < {w}, and global tokens ({where}) see and are seen by every "
+                    f"token; a global token's output comes from its own global Q/K/V (the map shows the "
+                    f"window pass the model returns)")
         backbone = getattr(self.stack, "backbone", self.stack)
         local = bool(cfg.sliding_window) and bool(getattr(backbone, "_is_local", lambda i: False)(layer))
         if local:
             w = cfg.sliding_window
             return f"sliding window {w}: token i sees j with " + ("i - {0} < j <= i".format(w) if cfg.causal
                                                                   else "|i - j| < {0}".format(w))
-        if kind == "longformer":
-            return "longformer: local window, global tokens see and are seen by all"
         return "causal: token i sees j <= i" if cfg.causal else "full: every token sees every token"
 
 

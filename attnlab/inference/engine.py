@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 MIN_TEMPERATURE = 1e-5  # smaller temperatures decode greedily (the limit of sampling as temperature -> 0)
 MIN_ROWS = 8  # the smallest compiled decode batch (see Engine._decode_rows)
+PAD_WASTE = 1.25  # a prefill batch computes at most this many padded tokens per real one (see prefill_groups)
 
 
 class QueueFull(RuntimeError):
@@ -109,6 +110,22 @@ def _chunk(req: Request, budget: int) -> int:
     left = len(req.tokens) - req.table.length
     n = min(left, budget)
     return n - 1 if left - n == 1 and n > 1 else n
+
+
+def prefill_groups(chunks: Sequence[int], waste: float = PAD_WASTE) -> list[list[int]]:
+    """Row indices split into prefill batches of similar length. A batch pads every row to its longest, so
+    prompts of 30 and 400 tokens in one batch compute 800 positions for 430; on a mix of chat prompts
+    (20-400 tokens) one batch per step computed 2.4x the real prompt tokens. Rows are taken longest first
+    and a batch grows while its padded size stays within `waste` x its real tokens."""
+    order = sorted(range(len(chunks)), key=lambda i: -chunks[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g is not None and chunks[g[0]] * (len(g) + 1) <= waste * (sum(chunks[j] for j in g) + chunks[i]):
+            g.append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 class Engine:
@@ -299,6 +316,20 @@ class Engine:
         cache.commit()
         return out.logits[:, -1].float()
 
+    def _prefill(self, group: list[Request]) -> torch.Tensor:
+        """Each row's chunk through the model, in batches of similar length (`prefill_groups`); logits in
+        the group's order."""
+        chunks = [r.chunk for r in group]
+        parts = prefill_groups(chunks)
+        if len(parts) == 1:
+            return self._forward(group, chunks)
+        logits: list[torch.Tensor | None] = [None] * len(group)
+        for part in parts:
+            out = self._forward([group[i] for i in part], [chunks[i] for i in part])
+            for row, i in enumerate(part):
+                logits[i] = out[row]
+        return torch.stack(logits)
+
     @torch.inference_mode()
     def _decode_compiled(self, reqs: list[Request]) -> torch.Tensor:
         """One new token for each decode row through the compiled step (see `PagedDecoder`)."""
@@ -416,7 +447,7 @@ class Engine:
                 elif group is decode:
                     ready, tokens = group, self._sample(group, self._forward(group))
                 else:  # a row whose prompt still has chunks to go samples nothing yet
-                    logits = self._forward(group, [r.chunk for r in group])
+                    logits = self._prefill(group)
                     rows = [i for i, r in enumerate(group) if r.table.length == len(r.tokens)]
                     ready = [group[i] for i in rows]
                     tokens = self._sample(ready, logits[rows]) if rows else []

@@ -134,7 +134,7 @@ def _is_local(backbone: torch.nn.Module, layer_idx: int) -> bool:
 def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[str], *,
             token_type_ids: torch.Tensor | None = None, neuron: bool | Sequence[int] = True,
             neuron_fallback: int = 0, title: str = "", stream: str = "content",
-            order: Sequence[int] | None = None) -> AttentionData:
+            order: Sequence[int] | None = None, global_tokens: Sequence[int] | None = None) -> AttentionData:
     """Run `model` on one sequence and collect its attention.
 
     input_ids (1, T) or (T,); `neuron`: True for queries/keys of every layer if they fit NEURON_BUDGET
@@ -143,6 +143,8 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     (each token sees the tokens before it in the order); `stream` "query" shows the query stream, every
     token predicted from its predecessors without seeing itself (Yang et al. 2019, §2.3), "content" the
     content stream (which also sees itself; without an order, full bidirectional attention).
+    `global_tokens`: positions given Longformer's global attention (Beltagy et al. 2020, §3.1): they see
+    and are seen by every token; the mask shows their rows and columns open.
     """
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() == 1:
@@ -156,6 +158,15 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     backbone = _backbone(model)
     cfg = backbone.config
     t, h, dh = input_ids.size(1), cfg.num_heads, cfg.dim_head
+    glob = None
+    if global_tokens:
+        if not cfg.global_attention:
+            raise ValueError("global tokens are Longformer's (a config with global_attention)")
+        bad = [int(i) for i in global_tokens if not 0 <= int(i) < t]
+        if bad:
+            raise ValueError(f"global token {bad[0]} is out of range 0..{t - 1}")
+        glob = torch.zeros(1, t, dtype=torch.bool)
+        glob[0, [int(i) for i in global_tokens]] = True
     if neuron is True:
         per_layer = 2 * h * t * dh
         neuron = range(cfg.num_layers) if per_layer * cfg.num_layers <= NEURON_BUDGET else [neuron_fallback]
@@ -178,6 +189,8 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
     device = next(model.parameters()).device
     xl, visible = _xl_inputs(backbone, t, stream, order, device)
     try:
+        if glob is not None:
+            xl["global_attention_mask"] = glob.to(device)
         out = backbone(input_ids=input_ids.to(device), output_attentions=True,
                        token_type_ids=token_type_ids.to(device) if token_type_ids is not None else None, **xl)
     finally:
@@ -226,7 +239,8 @@ def extract(model: torch.nn.Module, input_ids: torch.Tensor, tokens: Sequence[st
             data.allowed[i] = visible
             continue
         mask = AttentionMask.build(None, t, t, causal=cfg.causal, device=device,
-                                   window=cfg.sliding_window if _is_local(backbone, i) else None)
+                                   window=cfg.sliding_window if _is_local(backbone, i) else None,
+                                   global_tokens=glob.to(device) if glob is not None else None)
         if mask.allowed is not None:
             data.allowed[i] = mask.allowed[0, 0].cpu()
         elif mask.is_causal:

@@ -6,7 +6,7 @@
 const explore = (() => {
   const $ = (id) => document.getElementById(id);
   const state = {
-    model: null, run: null, tokens: [], layer: 0, head: 0, token: 0, view: "model",
+    model: null, run: null, tokens: [], global: [], layer: 0, head: 0, token: 0, view: "model",
     gen: 0,          // bumped per edit: answers of an older edit are dropped
     attention: null, // the open head's map (one layer/head only)
     thumbs: null,    // {size, maps: Uint8Array per layer*head, each scaled to its own peak}
@@ -155,6 +155,7 @@ const explore = (() => {
     setError("");
     state.run = r.run;
     state.tokens = r.tokens;
+    state.global = r.global_tokens || [];
     state.token = r.view ? r.view.head.token : Math.min(state.token, r.tokens.length - 1);
     const n = r.tokens.length, size = r.thumbnails.size;
     // one byte per cell, each map scaled to its own peak: drawn as they are (drawMap normalizes)
@@ -189,13 +190,14 @@ const explore = (() => {
     const box = $("tokens");
     box.replaceChildren();
     state.tokens.forEach((t, i) => {
-      const b = el("button", "tok" + (t.special ? " special" : "") + (t.segment ? " seg1" : ""));
+      const global = state.global.includes(i);  // Longformer: sees and is seen by every token
+      const b = el("button", "tok" + (t.special ? " special" : "") + (t.segment ? " seg1" : "") + (global ? " global" : ""));
       b.type = "button";
       b.dataset.i = i;
       b.dataset.id = t.id;
       b.dataset.piece = t.piece;
       b.append(el("span", "piece", showPiece(t.piece)), el("span", "id", String(t.id)));
-      b.title = `position ${i}, id ${t.id}`;
+      b.title = `position ${i}, id ${t.id}` + (global ? ", global attention" : "");
       b.addEventListener("click", () => selectToken(i));
       box.append(b);
     });
