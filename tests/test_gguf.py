@@ -168,3 +168,38 @@ def test_gguf_tokenizer_saves_with_its_chat_template(smol, tmp_path):
     assert again.chat_template == tok.chat_template and again.eos_token_id == tok.eos_token_id == 2
     text = "Café naïve 🙂 2024"
     assert again.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+
+
+def test_the_vocabulary_is_kept_compact_and_reads_as_a_list(smol_path):
+    """The ~100,000 vocabulary and merge strings stay in the cached metadata as one blob + offsets
+    (gguf_file.StringArray), and read back exactly as the list the file holds (gguf's own reader)."""
+    from attnlab.interop.gguf import StringArray, metadata
+    tokens = metadata(smol_path)["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, StringArray) and len(tokens) == 49152
+    reader = gguf.GGUFReader(smol_path)
+    field = reader.fields["tokenizer.ggml.tokens"]
+    want = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+    assert tokens == want and list(tokens) == want
+    assert tokens[0] == want[0] and tokens[-1] == want[-1] and tokens[100:103] == want[100:103]
+    with pytest.raises(IndexError):
+        tokens[len(want)]
+
+
+def test_generate_chat_peak_memory_is_within_the_bound(smol_path):
+    """`attnlab generate --chat` on the GGUF: peak RSS <= 1.2 x (what importing torch takes + the file's
+    size), both measured here in fresh processes (the child's own ru_maxrss)."""
+    import os
+    import subprocess
+    import sys
+
+    def peak_mb(argv):
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, argv
+        return usage.ru_maxrss / 1024
+
+    torch_mb = peak_mb([sys.executable, "-c", "import torch"])
+    bound = 1.2 * (torch_mb + smol_path.stat().st_size / 2 ** 20)
+    used = peak_mb([sys.executable, "-m", "attnlab", "generate", "smollm2", "--chat", "--prompt", "Hi there",
+                    "--max-new-tokens", "8"])
+    assert used <= bound, f"peak RSS {used:.0f} MB > bound {bound:.0f} MB (torch import {torch_mb:.0f} MB)"

@@ -20,7 +20,7 @@ import torch
 
 from ..config import ConfigError
 from .files import CheckpointError, atomic_write
-from .gguf import NAMES, SUPPORTED_ARCHITECTURES, _reader
+from .gguf import NAMES, SUPPORTED_ARCHITECTURES, StringArray, _reader
 
 QTYPES = ("F32", "F16", "Q8_0", "Q4_0")
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7}  # llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_F16, ...
@@ -108,6 +108,7 @@ def save_gguf(model, path: str | Path, qtype: str = "Q8_0", *, like: str | Path)
         for key, value in source.meta.items():
             if key.startswith("tokenizer."):
                 kind, inner = source.types[key]
+                value = list(value) if isinstance(value, StringArray) else value  # the writer takes lists
                 w.add_key_value(key, value, gguf.GGUFValueType(kind),
                                 sub_type=None if inner is None else gguf.GGUFValueType(inner))
         names = _our_to_gguf(cfg.num_layers)
