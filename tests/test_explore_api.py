@@ -181,30 +181,13 @@ def test_api_key_host_and_static_files(minilm_ex, tmp_path, monkeypatch):
 
 
 def test_a_real_server_on_port_0_answers_with_the_key(minilm_ex):
-    import socket
-    import threading
-    import time
-
     import httpx
-    import uvicorn
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(create_app(minilm_ex, api_key="k"), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
+
+    from attnlab.explore.screenshot import running
+    with running(create_app(minilm_ex, api_key="k")) as url:
         assert httpx.get(f"{url}/api/model", timeout=30).status_code == 401
         r = httpx.post(f"{url}/api/run", json={"text": "a cat"}, headers={"Authorization": "Bearer k"}, timeout=30)
         assert r.status_code == 200 and [t["piece"] for t in r.json()["tokens"]] == ["[CLS]", "a", "cat", "[SEP]"]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 def test_cli_refuses_non_loopback_without_a_key(monkeypatch, capsys):

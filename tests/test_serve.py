@@ -27,23 +27,25 @@ TIMEOUT = httpx.Timeout(60.0)
 class Server:
     """uvicorn in a thread on a free 127.0.0.1 port (the OS picks it)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, keep_alive: int = 120, wait: float = 30) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.wait = wait
         # a long keep-alive: on a busy machine a client can take over uvicorn's default 5 s to send its next
         # request on a kept-alive connection, and the server closing it then would fail that request
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=120))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                                   timeout_keep_alive=keep_alive))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
-        deadline = time.time() + 30
+        deadline = time.time() + wait
         while not self.server.started:
             assert time.time() < deadline, "server did not start"
             time.sleep(0.02)
 
     def close(self) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.thread.join(timeout=self.wait)
         self.sock.close()
 
 

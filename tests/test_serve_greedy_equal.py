@@ -20,21 +20,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-import uvicorn
 
 import attnlab
 from attnlab.inference.chat import apply_chat_template
 from attnlab.inference.generate import generate
 from attnlab.nn.quantized import exact_products
 from attnlab.serve import Limits, create_app
+
+from test_serve import Server
 
 REQUESTS = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_requests.jsonl"
 MAX_TOKENS = 12
@@ -59,27 +57,6 @@ def smol():
     torch.set_grad_enabled(False)  # (the other test files of this process train: switched back after)
     yield attnlab.load("smollm2", quantized=quantized), attnlab.load_tokenizer("smollm2"), quantized
     torch.set_grad_enabled(was)
-
-
-class Server:
-    """uvicorn in a thread on a free loopback port."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_keep_alive=300))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-        self.sock.close()
 
 
 async def stream_chat(client: httpx.AsyncClient, req: dict) -> tuple[str, int, str | None]:
@@ -110,7 +87,7 @@ def test_server_answers_every_benchmark_request_like_offline_generate(smol):
     app = create_app(model, tok, name="smollm2", limits=Limits(
         max_batch=len(requests), num_blocks=1 + sum(-(-(r["prompt_tokens"] + MAX_TOKENS) // 16) for r in requests),
         block_size=16, max_queued=len(requests), request_timeout=600))
-    server = Server(app)
+    server = Server(app, keep_alive=300, wait=60)
     try:
         async def go():
             limits = httpx.Limits(max_connections=len(requests))

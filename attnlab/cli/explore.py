@@ -22,19 +22,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .network import add_network_arguments, allowed_hosts
+
 NAME = "explore"
 HELP = "explore a model's attention and predictions interactively in the browser"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a model directory, a .gguf file or a packaged name (minilm, smollm2)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free port)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /api/*; prefer --api-key-file or ATTNLAB_API_KEY")
-    p.add_argument("--api-key-file", default=None, metavar="PATH", help="read the API key from this file's first line")
-    p.add_argument("--allowed-hosts", default=None, metavar="A,B",
-                   help="Host header names answered besides localhost, 127.0.0.1, [::1]; '*' for any")
+    add_network_arguments(p, port=8765, key_scope="/api/*")
     p.add_argument("--max-tokens", type=int, default=512, help="longest input accepted, in tokens (default 512)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="precision of linear layers")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the model (default: torch's)")
@@ -58,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if api_key is None and not is_loopback(args.host):
         raise ValueError(f"--host {args.host} is reachable from other machines: set an API key (--api-key-file, "
                          f"--api-key or {ENV_VAR}), or bind 127.0.0.1")
-    allowed = [h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()]
-    if not is_loopback(args.host) and args.host not in ("0.0.0.0", "::", ""):
-        allowed.append(args.host)  # the address bound is a name clients use
+    allowed = allowed_hosts(args)
     torch.set_grad_enabled(False)
     explorer = Explorer.load(args.model, dtype=args.dtype, max_tokens=args.max_tokens)
     app = create_app(explorer, api_key=api_key, allowed_hosts=allowed)

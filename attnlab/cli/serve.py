@@ -19,14 +19,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .network import add_network_arguments, allowed_hosts
+
 NAME = "serve"
 HELP = "serve a model over HTTP (OpenAI-shaped embeddings, completions, chat)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a model directory, a .gguf file or a packaged name")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    add_network_arguments(p, port=8000, key_scope="every request but GET /health")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="precision of linear layers")
     p.add_argument("--dequantize", action="store_true",
                    help=".gguf: dequantize the weights to fp32 (default: Q4_0/Q4_1/Q8_0 blocks stay quantized)")
@@ -52,15 +53,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-tokens", type=int, default=None, metavar="N",
                    help="with --compile: contexts (prompt + generated) up to N tokens are compiled before the "
                         "server starts, in 128-token buckets (default 128: one bucket)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every request but GET /health (401 otherwise); "
-                        "prefer --api-key-file or the ATTNLAB_API_KEY environment variable, which keep the key "
-                        "out of the shell history and the process list")
-    p.add_argument("--api-key-file", default=None, metavar="PATH",
-                   help="read the API key from the first line of this file")
-    p.add_argument("--allowed-hosts", default=None, metavar="A,B",
-                   help="Host header names answered besides localhost, 127.0.0.1, [::1] (others get 400); "
-                        "'*' for any. Binding another --host: list the names clients use")
     p.add_argument("--ssl-certfile", default=None, metavar="PATH", help="serve HTTPS with this PEM certificate")
     p.add_argument("--ssl-keyfile", default=None, metavar="PATH", help="the certificate's PEM private key")
     p.add_argument("--drain-seconds", type=float, default=30.0, metavar="S",
@@ -121,9 +113,7 @@ def run(args: argparse.Namespace) -> int:
               f"who can reach port {args.port} can use this server (set --api-key-file or {ENV_VAR})",
               file=sys.stderr, flush=True)
     # Host check (DNS rebinding): loopback names, the address bound when it is a specific one, and the option's
-    allowed = [h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()]
-    if not is_loopback(args.host) and args.host not in ("0.0.0.0", "::", ""):
-        allowed.append(args.host)
+    allowed = allowed_hosts(args)
     if not is_loopback(args.host) and args.allowed_hosts is None:
         print(f"attnlab serve: note: requests are answered only when their Host header names "
               f"{'loopback' if args.host in ('0.0.0.0', '::', '') else 'loopback or ' + args.host}; add the names "
