@@ -26,6 +26,7 @@ TIMEOUT = httpx.Timeout(60.0)
 
 class Server:
     """uvicorn in a thread on a free 127.0.0.1 port (the OS picks it)."""
+    wait = 30.0  # seconds to start and to stop
 
     def __init__(self, app, keep_alive: int = 120, wait: float = 30) -> None:
         self.sock = socket.socket()
