@@ -10,9 +10,23 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnlab
+from attnlab.nn import cpu_linear
 from attnlab.nn.cpu_linear import forget_packed, module_linear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def packed_on(monkeypatch):
+    """The packed path runs where the CPU has AVX512 (packed_is_faster); its equalities are checked on any."""
+    monkeypatch.setattr(cpu_linear, "ENABLED", True)
+
+
+def test_the_path_follows_the_cpu(monkeypatch):
+    assert cpu_linear.packed_is_faster({"avx2", "avx512f"}) and not cpu_linear.packed_is_faster({"avx2", "fma"})
+    monkeypatch.setattr(cpu_linear, "ENABLED", False)
+    with torch.no_grad():
+        assert module_linear(nn.Linear(8, 4), torch.randn(2, 8)) is None  # torch's own product
 
 
 @pytest.mark.parametrize("activation,ref", [(None, lambda y: y), ("gelu", F.gelu), ("relu", F.relu),

@@ -1,8 +1,8 @@
 """Linear layers of an encoder at inference on a CPU through oneDNN with the weights packed once in its
 blocked layout (`torch.ops.mkldnn`, what inductor's freezing uses), the FFN's GELU fused into the product.
 
-Measured on all-MiniLM-L6-v2's shapes (520 x 384 @ 384 x 1536 and the others, one thread): 94-104 GFLOP/s
-for torch's addmm, 102-109 packed; GELU fused saves its own pass over the widest activation (up + GELU:
+Measured on all-MiniLM-L6-v2's shapes (520 x 384 @ 384 x 1536 and the others, one thread, AVX512): 94-104
+GFLOP/s for torch's addmm, 102-109 packed (on an AVX2-only CPU packed is the slower: `packed_is_faster`); GELU fused saves its own pass over the widest activation (up + GELU:
 9.6 -> 6.3 ms). ONNX Runtime's MLAS runs these GEMMs at ~100 GFLOP/s, which is why its fp32 encoder was
 ahead. The packed copy costs one more copy of each weight, so it is used for encoders only (a decoder's
 batch-1 steps are memory-bound, and the copy would double its footprint). Same values to fp32 rounding
@@ -16,6 +16,8 @@ import weakref
 import torch
 from torch import nn
 
+from .precision import cpu_flags
+
 # owner module -> {key: (weight stamp, packed weight)}; outside the modules, so that deepcopy, pickling and
 # state dicts never meet the opaque oneDNN tensors, and a packed copy goes with its module
 _PACKED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
@@ -24,8 +26,18 @@ _PACKED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionar
 POST_OPS = {None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
 
 
+def packed_is_faster(flags: set[str] | None = None) -> bool:
+    """Whether this CPU runs the packed products faster than torch's addmm. Measured on MiniLM's shapes, one
+    thread: an AVX512 Xeon 102-109 GFLOP/s packed against 94-104; an AVX2-only AMD EPYC 72-75 packed against
+    84-89 for addmm, and its fused GELU no faster than GELU after the product. So: where AVX512 is."""
+    return "avx512f" in (cpu_flags() if flags is None else flags)
+
+
+ENABLED = packed_is_faster()
+
+
 def _usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+    return (ENABLED and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and torch.backends.mkldnn.is_available())
 
