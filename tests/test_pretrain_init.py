@@ -101,6 +101,17 @@ def test_pretrain_logs_the_unigram_baseline_and_a_summary(corpus, tmp_path):
     assert summary["tokens_per_s"] > 0 and summary["matmul_ceiling_gflops"] > 0 and 0 < summary["mfu"] < 1
 
 
+def test_a_checkpoint_is_a_model_with_its_tokenizer(corpus, tmp_path):
+    """checkpoints/step-N/model holds the run's tokenizer beside the weights: explore, viz and generate take
+    it as MODEL directly."""
+    from attnlab.training.checkpoint import list_checkpoints
+    _run(corpus, tmp_path / "a", *TINY, "train.save_every=3")
+    model_dir = list_checkpoints(tmp_path / "a")[-1] / "model"
+    text = "the old house stood by the river"
+    assert load_tokenizer(model_dir).encode(text) == load_tokenizer(corpus / "tokenizer").encode(text)
+    assert attnlab.load(model_dir).config.vocab_size == len(load_tokenizer(model_dir))
+
+
 @pytest.mark.parametrize("layout", ["MaskedLM", "Encoder"])
 def test_init_from_loads_the_weights_and_continues(corpus, tmp_path, layout):
     _run(corpus, tmp_path / "src", *TINY, "train.max_steps=30")

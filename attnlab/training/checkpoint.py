@@ -90,6 +90,13 @@ def save_checkpoint(output_dir: Path, step: int, model, state: dict, keep_last: 
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     try:
         save_model(model, tmp / "model")
+        # the run's tokenizer beside the weights (as OUTPUT/model has it), so a checkpoint is a MODEL every
+        # command takes (explore, viz, generate) without copying files around
+        tokenizer = Path(output_dir) / "tokenizer"
+        if tokenizer.is_dir():
+            for f in tokenizer.iterdir():
+                if f.is_file() and not (tmp / "model" / f.name).exists():
+                    shutil.copy2(f, tmp / "model" / f.name)
         torch.save(state, tmp / "trainer.pt")
         _fsync_tree(tmp)
     except OSError as err:  # e.g. ENOSPC: free what was written, keep every finished checkpoint
