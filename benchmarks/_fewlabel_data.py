@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 
 from attnlab.tasks import get_task
-from attnlab.tasks.splits import phrases, sentence_holdout, validation_split
+from attnlab.tasks.splits import sentence_holdout, validation_split, whole_sentences
 
 PROJECT_HELD = 872      # the size of attnlab's own SST-2 hold-out (seed 0)
 PROJECT_SEED = 0
@@ -28,17 +28,6 @@ REPORT_SEED = 1
 
 def _norm(text: str) -> str:
     return " ".join(text.split())
-
-
-def whole_sentences(examples: list[dict]) -> list[dict]:
-    """The lines that are no phrase of another line (SST-2's whole sentences), in file order."""
-    texts = [_norm(e["texts"][0]) for e in examples]
-    known, inside, roots = set(texts), set(), []
-    for i in sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i)):
-        if texts[i] not in inside:
-            roots.append(i)
-            inside.update(p for p in phrases(texts[i]) if p in known and p != texts[i])
-    return [examples[i] for i in sorted(roots)]
 
 
 def sst2_split(examples: list[dict]) -> dict:

@@ -142,3 +142,10 @@ def test_sst2_holds_out_whole_sentences_none_of_whose_phrases_are_trained_on(dat
     assert 15 <= sorted(len(t.split()) for t in held_text)[436] <= 25  # sentence length, like GLUE's dev
     again = validation_split(task, examples, 872)[1]
     assert [e["line"] for e in again] == [e["line"] for e in held]
+
+
+def test_whole_sentences_drops_the_lines_inside_longer_ones():
+    from attnlab.tasks.splits import whole_sentences
+    lines = ["a good film", "good  film", "bad", "a good", "it was bad", "a film"]
+    kept = whole_sentences([{"texts": [t]} for t in lines])
+    assert [e["texts"][0] for e in kept] == ["a good film", "it was bad", "a film"]  # file order

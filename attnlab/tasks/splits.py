@@ -44,6 +44,18 @@ def sentence_holdout(examples: list, n_holdout: int, seed: int = 0) -> tuple[lis
     return train, [examples[i] for i in sorted(held)]
 
 
+def whole_sentences(examples: list) -> list:
+    """The lines that are no phrase of another line (SST-2's whole sentences, what its dev set holds), in
+    file order: the pool few-label draws come from."""
+    texts = [" ".join(e["texts"][0].split()) for e in examples]
+    known, inside, roots = set(texts), set(), []
+    for i in sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i)):
+        if texts[i] not in inside:
+            roots.append(i)
+            inside.update(p for p in phrases(texts[i]) if p in known and p != texts[i])
+    return [examples[i] for i in sorted(roots)]
+
+
 def phrases(text: str):
     """Every contiguous run of words in `text` (the sentence itself included)."""
     words = text.split()

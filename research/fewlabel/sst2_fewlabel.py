@@ -22,7 +22,7 @@ from pathlib import Path
 
 from attnlab.tasks import get_task
 from attnlab.tasks.base import data_root
-from attnlab.tasks.splits import phrases, sentence_holdout
+from attnlab.tasks.splits import sentence_holdout, whole_sentences
 from timing import finetune_and_score
 
 
@@ -30,15 +30,7 @@ def _write(path: Path, examples: list[dict]) -> None:
     path.write_text("sentence\tlabel\n" + "".join(f"{e['texts'][0]}\t{e['label']}\n" for e in examples))
 
 
-def sentences_of(examples: list[dict]) -> list[dict]:
-    """The lines that are no phrase of another line: SST-2's whole sentences."""
-    texts = [" ".join(e["texts"][0].split()) for e in examples]
-    known, inside, roots = set(texts), set(), []
-    for i in sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i)):
-        if texts[i] not in inside:
-            roots.append(i)
-            inside.update(p for p in phrases(texts[i]) if p in known and p != texts[i])
-    return [examples[i] for i in sorted(roots)]
+sentences_of = whole_sentences  # (kept under its old name for the other research scripts)
 
 
 def main() -> int:
