@@ -211,13 +211,13 @@ def main() -> None:
         hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM"))
         print(int(hwm.split()[1]) / 1024)
         return
-    from attnlab.nn.int8 import int8_is_fast
+    from attnlab.nn.int8 import int8_product
     from attnlab.nn.precision import cpu_flags
     flags = sorted(f for f in cpu_flags() if f in ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16"))
     sides = engines(args.threads)
     print(f"torch {torch.__version__}, onnxruntime {importlib.import_module('onnxruntime').__version__}, "
           f"{args.threads} thread(s), {args.sentences} sentences ({tokens} tokens), batches of 32 sorted by length; "
-          f"CPU flags: {', '.join(flags) or 'none of VNNI/BF16'}; int8 fast path: {int8_is_fast()}; "
+          f"CPU flags: {', '.join(flags) or 'none of VNNI/BF16'}; int8 product: {int8_product() or 'torch.ao (none fast)'}; "
           f"load {os.getloadavg()[0]:.2f}")
     ref = sides["attnlab fp32"][1](bs)
     vecs = {name: fn(bs) for name, (_, fn) in sides.items()}

@@ -19,6 +19,7 @@ from attnlab.inference.embed import embed
 from attnlab.inference.quantize import calibration_batches, linear_precision, quantize
 from attnlab.nn.cpu_attention import short_attention
 from attnlab.nn.int8 import Int8Linear, SmoothedLinear, quantize_rows
+from attnlab.nn import kernels as kernels_mod
 from attnlab.nn.kernels import kernel_reason
 from attnlab.nn.quantized import kernels
 
@@ -135,19 +136,22 @@ def _sentences(data: Path, n: int) -> list[str]:
     return [s for pair in zip(sst, conll) for s in pair]
 
 
-@pytest.mark.parametrize("flags", [{"avx512_vnni"}, {"avx2"}])
+@pytest.mark.parametrize("flags", [{"avx512_vnni"}, {"avx2"}, {"sse4_2"}])
 def test_minilm_int8_keeps_cosine_on_real_sentences(minilm, data_dir, monkeypatch, flags):
     """Calibrated on the bundled Gutenberg sentences, scored on 300 SST-2 + 300 CoNLL sentences. With int8
-    dot products (VNNI): per-token int8 + SmoothQuant, the issue's bar. Without (AVX2): torch.ao with the
-    same factors and ffn.down in fp32, a lower bar."""
+    dot products (VNNI) or AVX2 (the int8_gemm kernel): per-token int8 + SmoothQuant, the issue's bar.
+    Without either: torch.ao with the same factors and ffn.down in fp32, a lower bar."""
     # faking VNNI on a CPU without it runs torch's plain-loop _int_mm (~0.6 GOP/s): fewer sentences there
-    n = 300 if "avx512_vnni" in flags and int8_mod.int8_is_fast() or "avx2" in flags else 30
+    # (and the torch.ao path, tested at its lower bar, on 100 to keep the suite short)
+    real = int8_mod.int8_product()
+    n = 30 if "avx512_vnni" in flags and real != "int_mm" else 300 if flags & {"avx512_vnni", "avx2"} else 100
     monkeypatch.setattr(int8_mod, "cpu_flags", lambda: flags)
     model, tok = attnlab.load(minilm), attnlab.load_tokenizer(minilm)
     texts = _sentences(data_dir, n)
     ref = embed(model, tok, texts)
     q = quantize(model, "int8", calibration=calibration_batches(tok))
-    fast = "avx512_vnni" in flags
+    # the AVX2 kernel runs where the real CPU has AVX2 and the library built it
+    fast = "avx512_vnni" in flags or ("avx2" in flags and not kernel_reason("int8_gemm"))
     assert any(isinstance(m, Int8Linear) for m in q.modules()) == fast
     assert any(isinstance(m, SmoothedLinear) for m in q.modules()) != fast
     assert linear_precision(q) == "int8"
@@ -158,6 +162,65 @@ def test_minilm_int8_keeps_cosine_on_real_sentences(minilm, data_dir, monkeypatc
         assert cos.min() >= 0.97 and cos.mean() >= 0.995, (cos.min(), cos.mean())
     uncalibrated = quantize(model, "int8")  # per-token / per-batch scales only: still close, less so
     assert (embed(uncalibrated, tok, texts) * ref).sum(-1).mean() >= 0.98
+
+
+def _gemm_reference(q, scale, weight_q, weight_scale, bias):
+    """The int8 layer's product in exact integer arithmetic, scaled in float64."""
+    acc = q.long() @ weight_q.long()
+    out = acc.double() * (scale.double().reshape(-1, 1) * weight_scale.double())
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.skipif(bool(kernel_reason("int8_gemm")), reason="the AVX2 int8 product is not built on this CPU")
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 33), (37, 96, 80), (64, 387, 64), (130, 384, 1152)])
+def test_int8_gemm_is_the_exact_integer_product(m, k, n):
+    """Every shape edge: rows odd (the 2-row tile's remainder), K not a multiple of 4 (the packed zeros and
+    the row's last partial group), N not a multiple of 32 (the last panel), codes at the extremes -128/127
+    (pairs of 2 * 128 * 127 must not saturate int16), with and without bias."""
+    from attnlab.nn.kernel_signatures import int8_packed_bytes
+    g = torch.Generator().manual_seed(m * k + n)
+    q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    q[0] = -128  # |a| = 128 is read right as unsigned
+    w = torch.randint(-127, 128, (k, n), generator=g, dtype=torch.int8)
+    w[:, 0] = 127
+    scale, wscale = torch.rand(m, generator=g) + 0.01, torch.rand(n, generator=g) + 0.01
+    packed = torch.empty(int8_packed_bytes(k, n), dtype=torch.int8)
+    kernels_mod.call("int8_pack_b", w, k, n, packed)
+    for bias in (None, torch.randn(n, generator=g)):
+        y = torch.empty(m, n)
+        kernels_mod.call("int8_gemm", q, scale, m, k, packed, wscale, bias, n, y)
+        torch.testing.assert_close(y.double(), _gemm_reference(q, scale, w, wscale, bias), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(bool(kernel_reason("int8_gemm")), reason="the AVX2 int8 product is not built on this CPU")
+def test_int8_linear_avx2_path_equals_torch_path_and_repacks(monkeypatch):
+    """Int8Linear on an AVX2 CPU (no VNNI) runs the kernel; its result equals the torch path's, over two
+    threads as over one, and new weights loaded into the layer are packed anew (no stale copy)."""
+    g = torch.Generator().manual_seed(3)
+    lin = nn.Linear(200, 70)
+    layer = Int8Linear.from_linear(lin, torch.rand(200, generator=g) + 0.5)
+    x = torch.randn(4, 33, 200, generator=g)
+    monkeypatch.setattr(int8_mod, "cpu_flags", lambda: {"avx2"})
+    assert int8_mod.int8_product() == "avx2"
+    calls = []
+    real_call = int8_mod.kernels.call
+    monkeypatch.setattr(int8_mod.kernels, "call", lambda fn, *a, **kw: calls.append(fn) or real_call(fn, *a, **kw))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = layer(x)
+        torch.set_num_threads(2)
+        two = layer(x)
+    finally:
+        torch.set_num_threads(before)
+    assert "int8_gemm" in calls and calls.count("int8_pack_b") == 1 and torch.equal(one, two)
+    q, s = quantize_rows(x.reshape(-1, 200), layer.factors)
+    ref = _gemm_reference(q, s, layer.weight_q, layer.weight_scale, layer.bias)
+    torch.testing.assert_close(one.reshape(-1, 70).double(), ref, rtol=1e-6, atol=1e-5)
+    other = Int8Linear.from_linear(nn.Linear(200, 70), layer.factors.reciprocal())
+    layer.load_state_dict(other.state_dict())
+    torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)
+    assert calls.count("int8_pack_b") == 3  # the loaded layer's weights, and the other layer's
 
 
 def test_evaluate_int8_scores_a_classifier(minilm, data_dir, tmp_path, capsys):

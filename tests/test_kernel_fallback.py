@@ -134,7 +134,7 @@ def test_without_a_compiler_every_entry_point_takes_torchs_path(how, monkeypatch
     assert all(not s["active"] and reason in s["reason"] for s in status)
     assert not q.available() and reason in q.why_unavailable()
     lines = _lines(caplog)
-    for name in ("int8_rows", "fused_rows", "ggml_blocks", "short_attention", "causal_attention"):
+    for name in ("int8_rows", "int8_gemm", "fused_rows", "ggml_blocks", "short_attention", "causal_attention"):
         assert sum(line.startswith(f"attnlab: C kernel {name} ") for line in lines) == 1, (name, lines)
     assert any(line.startswith("attnlab: C kernel int8_rows unavailable (") and reason in line
                and line.endswith("; using the PyTorch path") for line in lines)
@@ -153,6 +153,7 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
     assert status["short_attention"] == {"name": "short_attention", "active": False,
                                          "reason": "this CPU lacks avx512f"}
     assert status["causal_attention"]["reason"] == "this CPU lacks avx512f, avx512_bf16"
+    assert status["int8_gemm"]["reason"] == "this CPU lacks avx2"
     assert status["int8_rows"]["active"] and status["fused_rows"]["active"]  # portable C: no special needs
     assert list(tmp_path.glob("kernels/attnlab-kernels-*.so"))
     lines = _lines(caplog)
@@ -165,11 +166,11 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
 
 def test_kernel_status_says_what_runs_and_why():
     status = kernels.kernel_status()
-    assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "short_attention", "fused_rows",
+    assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "int8_gemm", "short_attention", "fused_rows",
                                            "causal_attention"]
     for s in status:
         assert set(s) == {"name", "active", "reason"} and isinstance(s["active"], bool) and s["reason"]
         assert s["active"] == s["reason"].startswith("built with ")
     # status alone writes no line: `attnlab env` may call it to report
     assert short_attention(torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 16), None,
-                           1.0) is None or status[2]["active"]
+                           1.0) is None or status[3]["active"]

@@ -1,6 +1,6 @@
 """Lower-precision inference: bf16 weights/activations, or int8 linear layers.
 
-int8, on a CPU with int8 dot products (VNNI / AMX-INT8; CUDA too): every nn.Linear becomes an
+int8, on a CPU with int8 dot products (VNNI / AMX-INT8; CUDA too) or with AVX2: every nn.Linear becomes an
 `nn.int8.Int8Linear`: weights int8 with one scale per output row, activations quantized per token at run
 time, and SmoothQuant factors (Xiao et al. 2023) from a pass over calibration text, which move the few
 outlier input channels' range into the weights. `calibration_batches(tokenizer)` gives the bundled text
@@ -8,14 +8,14 @@ outlier input channels' range into the weights. `calibration_batches(tokenizer)`
 softmax and the residual stream stay fp32.
 
 On all-MiniLM-L6-v2 embeddings of 1,024 SST-2/CoNLL sentences (cosine to fp32, min / mean): per-token +
-SmoothQuant alpha 0.7, every linear in int8: 0.996 / 0.9990, at ~2x fp32 speed on one thread (VNNI).
-The older torch.ao dynamic quantization (one activation scale per batch): 0.952 / 0.985 even with
-`ffn.down` kept fp32.
+SmoothQuant alpha 0.7, every linear in int8: 0.994-0.996 / 0.9988-0.9990, at ~2x fp32 speed on one thread
+with VNNI and ~1.2x with AVX2 alone (csrc/int8_gemm.c: the exact int8 product costs one more instruction
+per 32 products there than a u8 x s8 product whose pairs can saturate).
 
-Without int8 dot products (AVX2 only) `torch._int_mm` is a plain loop slower than fp32, so there int8 stays
-torch.ao's dynamic quantization (fbgemm's AVX2 kernels; one activation scale per batch), per-channel
-weights, `ffn.down` kept fp32, and the same SmoothQuant factors folded in when calibrated: 0.983 / 0.9962
-on the sentences above (0.952 / 0.985 without the factors).
+Without AVX2 (or without the C kernels) int8 is torch.ao's dynamic quantization (one activation scale per
+batch), per-channel weights, `ffn.down` kept fp32, and the same SmoothQuant factors folded in when
+calibrated: 0.983 / 0.9962 on the sentences above (0.952 / 0.985 without the factors): below the 0.99 bar,
+which its per-batch activation scale cannot reach.
 
 bf16: native with AVX512-BF16 / AMX (~2.4x fp32 matmuls here), emulated and ~10x slower without
 (nn/precision.py).
@@ -119,8 +119,8 @@ def _smooth_factors(act_max: torch.Tensor, weight: torch.Tensor, alpha: float) -
 def quantize(model: nn.Module, dtype: str, *, inplace: bool = False, keep_fp32: tuple[str, ...] | None = None,
              calibration=None, alpha: float = SMOOTH_ALPHA) -> nn.Module:
     """Return the model in `dtype` ("fp32", "bf16" or "int8"), a copy unless inplace=True. With int8, linear
-    layers whose name ends with one of `keep_fp32` stay fp32 (default: none where int8 dot products are
-    native, `ffn.down` otherwise); `calibration` (e.g. `calibration_batches(tokenizer)`) turns on SmoothQuant."""
+    layers whose name ends with one of `keep_fp32` stay fp32 (default: none where Int8Linear has a fast
+    product, `ffn.down` otherwise); `calibration` (e.g. `calibration_batches(tokenizer)`) turns on SmoothQuant."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     model = model if inplace else copy.deepcopy(model)

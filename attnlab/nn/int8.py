@@ -13,8 +13,10 @@ y = x W^T + b becomes, per token m and output n,
   the weights, quantized per output row. f_k = max|X_k|^alpha / max|W_k|^(1-alpha), with max|X_k| from
   calibration text.
 
-The product runs in `torch._int_mm` (int8 x int8 -> int32), a VNNI instruction on CPUs that have one; the
-two element-wise ends run in `csrc/int8_rows.c` (one pass each; torch ops as the fallback, same numbers).
+The product runs in `torch._int_mm` (int8 x int8 -> int32), a VNNI instruction on CPUs that have one. On CPUs
+with AVX2 and no VNNI, where `_int_mm` is a plain loop, it runs in `csrc/int8_gemm.c` (the exact integer sum
+with the scaling fused in, weights packed once). The element-wise ends run in `csrc/int8_rows.c` (one pass
+each; torch ops as the fallback, same numbers).
 On all-MiniLM-L6-v2 and 1,024 SST-2/CoNLL sentences, cosine of the mean-pooled embedding to fp32
 (min / mean): per-token, no smoothing 0.983 / 0.9963; alpha 0.5 0.993 / 0.9986; alpha 0.7 0.996 / 0.9990
 (torch.ao's per-tensor dynamic quantization: 0.933 / 0.984; ONNX Runtime's: 0.852 / 0.955).
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from . import kernels
+from .kernel_signatures import int8_packed_bytes
 from .precision import cpu_flags
 
 # int8 dot-product instructions: with them `_int_mm` is ~4.6x an fp32 matmul here (640x384 @ 384x1536,
@@ -32,11 +35,19 @@ from .precision import cpu_flags
 INT8_DOT = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
+def int8_product(device: str = "cpu") -> str:
+    """Which int8 product is fast here: "int_mm" (`torch._int_mm`: a CPU with VNNI or AMX-INT8, or CUDA),
+    "avx2" (csrc/int8_gemm.c: AVX2 without int8 dot products, when the kernel is built), or "" (neither)."""
+    if str(device).startswith("cuda") or any(f in cpu_flags() for f in INT8_DOT):
+        return "int_mm"
+    if str(device).startswith("cpu") and "avx2" in cpu_flags() and kernels.active("int8_gemm"):
+        return "avx2"
+    return ""
+
+
 def int8_is_fast(device: str = "cpu") -> bool:
-    """True where `torch._int_mm` has a fast kernel: a CPU with VNNI or AMX-INT8 (CUDA has its own)."""
-    if str(device).startswith("cuda"):
-        return True
-    return any(f in cpu_flags() for f in INT8_DOT)
+    """True where Int8Linear's product has a fast kernel (see `int8_product`)."""
+    return bool(int8_product(device))
 
 
 def _c_ready(t: torch.Tensor | None) -> bool:
@@ -114,6 +125,28 @@ class Int8Linear(nn.Module):
         w = self.weight_q.t().float() * self.weight_scale[:, None]
         return w if self.factors is None else w * self.factors
 
+    def _avx2_ready(self) -> bool:
+        """The AVX2 product can take this call: no VNNI (where `_int_mm` is faster), the kernel built, and the
+        scales and bias plain fp32 as it reads them."""
+        return (int8_product("cpu") == "avx2" and self.weight_q.device.type == "cpu"
+                and _c_ready(self.weight_scale) and _c_ready(self.bias))
+
+    def _packed(self) -> torch.Tensor:
+        """The weights in the AVX2 kernel's layout, packed on first use and again if `weight_q` changed."""
+        w = self.weight_q
+        # inference tensors keep no version counter; load_state_dict's in-place copy drops the cache itself
+        key = (w.data_ptr(), tuple(w.shape), None if w.is_inference() else w._version)
+        cached = getattr(self, "_packed_cache", None)
+        if cached is None or cached[0] != key:
+            out = torch.empty(int8_packed_bytes(*w.shape), dtype=torch.int8)
+            kernels.call("int8_pack_b", w.contiguous(), w.size(0), w.size(1), out)
+            self._packed_cache = cached = (key, out)
+        return cached[1]
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._packed_cache = None
+        super()._load_from_state_dict(*args, **kwargs)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token"
                 + (", smoothed" if self.factors is not None else ""))
@@ -126,6 +159,11 @@ class Int8Linear(nn.Module):
         if x2.size(0) == 0:
             return x.new_zeros(*shape[:-1], self.out_features)
         q, scale = quantize_rows(x2, self.factors)
+        if q.device.type == "cpu" and self._avx2_ready():
+            out = torch.empty(q.size(0), self.out_features, dtype=torch.float32)
+            kernels.call("int8_gemm", q, scale, q.size(0), self.in_features, self._packed(), self.weight_scale,
+                         self.bias, self.out_features, out, min_rows=16)
+            return out.view(*shape[:-1], self.out_features).to(dtype)
         acc = torch._int_mm(q, self.weight_q) if q.size(0) > 16 or not q.is_cuda else \
             (q.float() @ self.weight_q.float()).round().to(torch.int32)  # CUDA's kernel wants > 16 rows
         if (acc.device.type == "cpu" and acc.is_contiguous() and _c_ready(self.weight_scale) and _c_ready(self.bias)

@@ -55,6 +55,11 @@ class Strided(Buf):
         self.shape, self.writes = shape, writes
 
 
+def int8_packed_bytes(K: int, N: int) -> int:
+    """Bytes of `int8_pack_b`'s copy of a (K, N) int8 matrix: panels of 32 columns, K in groups of 4."""
+    return (N + 31) // 32 * 32 * ((K + 3) // 4 * 4)
+
+
 def _rb(a) -> int:
     return a["K"] // 32 * BLOCK_BYTES[a["kind"]]
 
@@ -84,6 +89,15 @@ SIGNATURES: dict[str, dict] = {
                                    Buf("scale", (F32,), lambda a: a["rows"]),
                                    Buf("weight_scale", (F32,), lambda a: a["cols"]),
                                    Buf("bias", (F32,), lambda a: a["cols"], optional=True), Int("rows"), Int("cols")]},
+    "int8_gemm_supported": {"args": [], "status": False},
+    "int8_pack_b": {"args": [Buf("b", (I8,), lambda a: a["K"] * a["N"]), Int("K"), Int("N"),
+                             Buf("out", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"]))]},
+    "int8_gemm": {"args": [Buf("a", (I8,), lambda a: a["M"] * a["K"]), Buf("ascale", (F32,), lambda a: a["M"]),
+                           Int("M"), Int("K"), Buf("packed", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"])),
+                           Buf("weight_scale", (F32,), lambda a: a["N"]),
+                           Buf("bias", (F32,), lambda a: a["N"], optional=True), Int("N"),
+                           Buf("y", (F32,), lambda a: a["M"] * a["N"])],
+                  "rows": lambda a: a["M"]},
     "short_attention_supported": {"args": [], "status": False},
     "short_attention": {
         "args": [Strided("q", (F32,), lambda a: (a["B"], a["Hq"], a["Tq"], a["D"])),
@@ -141,6 +155,7 @@ SIGNATURES: dict[str, dict] = {
 KERNELS: dict[str, dict] = {
     "ggml_blocks": {"needs": (), "probe": None},
     "int8_rows": {"needs": (), "probe": None},
+    "int8_gemm": {"needs": ("avx2",), "probe": "int8_gemm_supported"},
     "short_attention": {"needs": ("avx512f",), "probe": "short_attention_supported"},
     "fused_rows": {"needs": (), "probe": None},
     "causal_attention": {"needs": ("avx512f", "avx512_bf16"), "probe": "causal_attention_supported"},

@@ -7,6 +7,7 @@ malloc's mmap threshold for CPU training (`tune_malloc`)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -17,13 +18,19 @@ NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (Linux /proc/cpuinfo; empty where unknown)."""
+    return set(_read_flags())
+
+
+@functools.lru_cache(maxsize=1)
+def _read_flags() -> frozenset[str]:
+    # read once: layers ask at every forward which product runs here, and the CPU does not change
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def cpu_key() -> str:

@@ -14,7 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -33,6 +33,17 @@ int int8_quantize_rows(const float *x, const float *f, int64_t rows, int64_t col
             vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
         }
         amax = _mm512_reduce_max_ps(vmax);
+#elif defined(__AVX2__)
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 vmax = _mm256_setzero_ps();
+        for (; k + 8 <= cols; k += 8) {
+            __m256 v = _mm256_loadu_ps(xr + k);
+            if (f) v = _mm256_mul_ps(v, _mm256_loadu_ps(f + k));
+            vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, absmask));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vmax);
+        for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
 #endif
         for (; k < cols; k++) {
             float v = fabsf(f ? xr[k] * f[k] : xr[k]);
@@ -50,6 +61,22 @@ int int8_quantize_rows(const float *x, const float *f, int64_t rows, int64_t col
             /* round to nearest even (the default MXCSR mode), then saturate to int8 */
             __m512i i = _mm512_cvtps_epi32(_mm512_mul_ps(v, vr));
             _mm_storeu_si128((__m128i *)(qr + k), _mm512_cvtsepi32_epi8(i));
+        }
+#elif defined(__AVX2__)
+        __m256 vr = _mm256_set1_ps(r);
+        for (; k + 16 <= cols; k += 16) {
+            __m256 v0 = _mm256_loadu_ps(xr + k), v1 = _mm256_loadu_ps(xr + k + 8);
+            if (f) {
+                v0 = _mm256_mul_ps(v0, _mm256_loadu_ps(f + k));
+                v1 = _mm256_mul_ps(v1, _mm256_loadu_ps(f + k + 8));
+            }
+            /* round to nearest even, then saturate 32 -> 16 -> 8 bits (the packs interleave 128-bit lanes:
+             * the permute puts the 16 bytes back in order) */
+            __m256i i16 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, vr)),
+                                             _mm256_cvtps_epi32(_mm256_mul_ps(v1, vr)));
+            i16 = _mm256_permute4x64_epi64(i16, 0xD8);
+            __m128i i8 = _mm_packs_epi16(_mm256_castsi256_si128(i16), _mm256_extracti128_si256(i16, 1));
+            _mm_storeu_si128((__m128i *)(qr + k), i8);
         }
 #endif
         for (; k < cols; k++) {
