@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -258,3 +259,30 @@ def test_short_attention_split_over_threads_equals_one_thread():
         assert two is None
     else:
         assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("flags,want", [({"avx512_vnni"}, "int8"), ({"avx512_bf16"}, "bf16"), ({"sse4_2"}, "fp32"),
+                                        ({"avx2"}, None)])
+def test_fastest_dtype_follows_the_cpu(monkeypatch, flags, want):
+    """--dtype auto: int8 where Int8Linear is fast (VNNI, or AVX2 with the kernel built), bf16 where native,
+    else fp32 (torch.ao's int8 misses the cosine bar)."""
+    from attnlab.inference.quantize import fastest_dtype
+    from attnlab.nn import precision
+    monkeypatch.setattr(int8_mod, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    if want is None:
+        want = "fp32" if kernel_reason("int8_gemm") else "int8"
+    assert fastest_dtype("cpu") == want
+
+
+def test_embed_dtype_auto_stays_near_fp32(minilm, tmp_path, capsys):
+    texts = ["The cat sat on the mat.", "A dog barked at the mailman.", "Transformers use attention."]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    for dtype in ("fp32", "auto"):
+        assert main(["embed", str(minilm), "--input", str(src), "--output", str(tmp_path / f"{dtype}.npy"),
+                     "--dtype", dtype]) == 0
+    from attnlab.inference.quantize import fastest_dtype
+    assert f"--dtype auto: {fastest_dtype()} on this CPU" in capsys.readouterr().err
+    cos = (np.load(tmp_path / "auto.npy") * np.load(tmp_path / "fp32.npy")).sum(-1)
+    assert cos.min() >= 0.99, cos

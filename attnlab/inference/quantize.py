@@ -146,6 +146,16 @@ def quantize(model: nn.Module, dtype: str, *, inplace: bool = False, keep_fp32: 
         return quantize_dynamic(model, names, dtype=torch.qint8, inplace=True)
 
 
+def fastest_dtype(device: str = "cpu") -> str:
+    """The fastest precision whose encoder embeddings keep cosine >= 0.99 to fp32 on this device: int8 where
+    Int8Linear has a fast product (VNNI / AMX / CUDA, or the AVX2 kernel), else bf16 where it is native
+    (AVX512-BF16 / AMX / CUDA), else fp32 (torch.ao's int8 is faster there but misses the bar)."""
+    from ..nn.precision import bf16_is_native
+    if int8_is_fast(device):
+        return "int8"
+    return "bf16" if bf16_is_native(device) else "fp32"
+
+
 def linear_precision(model: nn.Module) -> str:
     """What the linear layers run in: "int8", "bf16" or "fp32" (for /health and benchmark tables)."""
     from ..nn.quantized import BlockLinear
