@@ -177,19 +177,37 @@ def test_array_longer_than_the_file_is_refused_naming_the_key(tmp_path):
     _named(err.value, path, "evil.count")
 
 
-@pytest.mark.parametrize("bad", ["length", "utf-8"])
-def test_a_string_of_a_string_array_that_lies_is_named(tmp_path, bad):
-    """The vocabulary's strings are read in one loop (gguf_file._strings): a length past the end of the file,
-    or bytes that are not UTF-8, still name the file and the key."""
-    raw = gguf_bytes(llama_meta() + [("evil.tokens", ARR, (STR, ["ab", "cd", "ef"]))], [], b"")
+@pytest.mark.parametrize("size", ["short", "long"])
+@pytest.mark.parametrize("bad", ["length", "utf-8", "split"])
+def test_a_string_of_a_string_array_that_lies_is_named(tmp_path, bad, size):
+    """A length past the end of the file, bytes that are not UTF-8, or a character split between two strings
+    (each string invalid alone, the two joined valid) name the file and the key, in a short array (read
+    string by string) and in a long one (read as one blob, gguf_file._string_blob)."""
+    pad = [f"x{i}" for i in range(1100)] if size == "long" else []
+    raw = gguf_bytes(llama_meta() + [("evil.tokens", ARR, (STR, ["ab", "cd", "ef", *pad]))], [], b"")
     i = raw.index(b"cd") - 8  # the second string's length
-    raw = raw[:i] + (struct.pack("<Q", 2 ** 40) if bad == "length" else struct.pack("<Q", 2)) + \
-        (raw[i + 8:] if bad == "length" else b"\xff\xfe" + raw[i + 10:])
+    if bad == "length":
+        raw = raw[:i] + struct.pack("<Q", 2 ** 40) + raw[i + 8:]
+    elif bad == "utf-8":
+        raw = raw[:i + 8] + b"\xff\xfe" + raw[i + 10:]
+    else:  # "ab" ends with the lead byte of "é", "cd" starts with its continuation byte
+        raw = raw[:i - 1] + b"\xc3" + raw[i:i + 8] + b"\xa9" + raw[i + 9:]
     path = tmp_path / "strings.gguf"
     path.write_bytes(raw)
     with pytest.raises(CheckpointError) as err:
         gguf_mod.metadata(path)
     _named(err.value, path, "evil.tokens")
+    if bad != "length":
+        assert "string 1 of the array is not UTF-8" in str(err.value) or "string 0 " in str(err.value)
+
+
+def test_a_long_string_array_reads_as_the_list_it_holds(tmp_path):
+    """The blob path keeps every string as written: empty ones, multi-byte characters, at the array's ends."""
+    strings = ["", "é", "日本語", "a b", "\u0120the", ""] + [f"t{i}" for i in range(1100)] + ["last é", ""]
+    path = tmp_path / "long.gguf"
+    path.write_bytes(gguf_bytes(llama_meta() + [("many", ARR, (STR, strings))], [], b""))
+    got = gguf_mod.metadata(path)["many"]
+    assert type(got).__name__ == "StringArray" and list(got) == strings and got[2] == "日本語"
 
 
 @pytest.mark.parametrize("heads", [0, 3])
@@ -489,3 +507,11 @@ def test_attnlab_config_json_that_lies_is_named(tmp_path, text, field):
     (tmp_path / NATIVE_CONFIG).write_text(text)
     with pytest.raises(ConfigError, match=rf"{NATIVE_CONFIG}.*{field}"):
         load_native(tmp_path)
+
+
+def test_string_array_tolist_equals_iterating():
+    from attnlab.interop.gguf_file import StringArray
+    strings = ["", "é", "日本語", "", "a\x00b", "z"]
+    for case in (strings, [s for s in strings if "\x00" not in s], [], [""]):
+        arr = StringArray.of(case)
+        assert arr.tolist() == list(arr) == case

@@ -109,14 +109,14 @@ def gguf_config(path: str | Path) -> ModelConfig:
 
 
 def _dequantize(reader: GGUFFile, name: str, dims: list[int], kind_id: int, offset: int) -> np.ndarray:
+    raw = reader.tensor_bytes(name, dims, kind_id, offset)
+    shape = [int(d) for d in reversed(dims)]
+    floats = {0: np.float32, 1: np.float16, 28: np.float64}  # GGML F32, F16, F64: no package import needed
+    if kind_id in floats:
+        return raw.view(floats[kind_id]).astype(np.float32).reshape(shape)
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
-    raw = reader.tensor_bytes(name, dims, kind_id, offset)
     kind = Q(kind_id)
-    shape = [int(d) for d in reversed(dims)]
-    if kind in (Q.F32, Q.F16, Q.F64):
-        dtype = {Q.F32: np.float32, Q.F16: np.float16, Q.F64: np.float64}[kind]
-        return raw.view(dtype).astype(np.float32).reshape(shape)
     try:
         return dequantize(raw, kind).astype(np.float32, copy=False).reshape(shape)
     except NotImplementedError:
@@ -299,10 +299,12 @@ def tokenizer_from_gguf(path: str | Path):
     if kind != "gpt2":
         raise ConfigError(f"{path}: tokenizer.ggml.model={kind!r} is not supported (only 'gpt2': byte-level BPE)")
     # long string arrays come as compact StringArrays (gguf_file.py): lists only while the tokenizer is built
-    tokens, merges = ([*v] if isinstance(v, StringArray) else v
-                      for v in (meta.get("tokenizer.ggml.tokens") or [], meta.get("tokenizer.ggml.merges") or []))
+    raw = {key: meta.get(f"tokenizer.ggml.{key}") or [] for key in ("tokens", "merges")}
+    tokens, merges = (v.tolist() if isinstance(v, StringArray) else v for v in raw.values())
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     for key, values, kind in (("tokens", tokens, str), ("merges", merges, str), ("token_type", types, int)):
+        if isinstance(raw.get(key), StringArray):
+            continue  # strings by construction
         if not isinstance(values, list) or not all(type(v) is kind for v in values):
             raise CheckpointError(f"{path}: tokenizer.ggml.{key} must be a list of {kind.__name__}")
     if len(types) != len(tokens):
