@@ -80,3 +80,22 @@ def test_info_on_an_encoder_decoder(capsys):
     out = capsys.readouterr().out
     assert "parameters: 60,506,624" in out.splitlines()
     assert "decoder layers: 6 ×" in out and "cross-attention" in out
+
+
+@pytest.mark.parametrize("command,env,want", [("serve", None, "PASSIVE"), ("finetune", None, "None"),
+                                              ("serve", "ACTIVE", "ACTIVE")])
+def test_cli_settles_imports_before_the_command(command, env, want):
+    """Before a command runs, the CLI imports torch and freezes the imports' objects out of the garbage
+    collector; for the server alone OpenMP threads sleep between regions, unless the user chose otherwise."""
+    import os
+    import subprocess
+    import sys
+    code = ("import gc, os, sys; from attnlab.cli import _settle_imports; "
+            f"_settle_imports({command!r}); print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules, "
+            "gc.get_freeze_count() > 100000)")
+    environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if env:
+        environ["OMP_WAIT_POLICY"] = env
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
+    assert out.returncode == 0, out.stderr[-1000:]
+    assert out.stdout.split() == [want, "True", "True"]

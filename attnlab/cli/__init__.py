@@ -137,6 +137,11 @@ def _parser_for(argv: list[str]) -> argparse.ArgumentParser:
 
 # commands that need no torch: the rest import it before their work starts anyway
 NO_TORCH = frozenset({"completion", "plot", "prepare", "tokenizer"})
+# OpenMP threads that sleep between parallel regions instead of spinning: the server's decode steps run many
+# small products, between which spinning OpenMP threads kept a 2-core CPU from attnlab's own kernel threads
+# (serving benchmark, 2 threads: 42.0 -> 47.5 tok/s). Training's large products lose by it (-20% a step), so
+# only here, and only where the user has not set it.
+PASSIVE_OPENMP = frozenset({"serve"})
 _settled = False
 
 
@@ -149,6 +154,9 @@ def _settle_imports(command: str) -> None:
     if _settled or command in NO_TORCH:
         return
     import gc
+    import os
+    if command in PASSIVE_OPENMP and "torch" not in sys.modules:  # read once, when OpenMP starts
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import torch  # noqa: F401
     gc.freeze()
