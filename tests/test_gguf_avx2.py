@@ -23,7 +23,7 @@ needs_kernel = pytest.mark.skipif(not q.available(), reason=f"no C compiler: {q.
 @pytest.mark.parametrize("flags,path,rows", [
     ({"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni"}, "avx512-vnni", 64),
     ({"avx2", "fma", "f16c", "avx512f", "avx512vl"}, "avx512", 64),
-    ({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}, "avx2", 48),
+    ({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}, "avx2", 96),
     ({"avx", "avx2", "f16c"}, "portable", 1),       # no FMA: the C file's AVX2 path is not compiled
     ({"sse2", "sse4_2"}, "portable", 1),
     (set(), "portable", 1),                          # flags unknown: the build is portable too
@@ -135,3 +135,36 @@ def test_int8_extremes_do_not_saturate():
         xs[0, 32:64] = -5.0
         with q.exact_products(False):
             assert _int8_ok(_step(kind, xs, b, n), xs, wq)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", [2, 3, 8])
+def test_block_product_split_over_threads_equals_one_call(kind):
+    """BlockLinear's product split by output columns over threads (ggml_matmul_cols) gives exactly the
+    one-thread product, for column ranges that cut anywhere, and an empty range writes nothing."""
+    from attnlab.nn import kernels as door
+    from attnlab.nn.kernel_signatures import BLOCK_BYTES
+    g = torch.Generator().manual_seed(kind)
+    n, k, m = 77, 64, 9
+    blocks = torch.randint(0, 256, (n, k // 32 * BLOCK_BYTES[kind]), generator=g, dtype=torch.uint8)
+    blocks.view(n, -1, BLOCK_BYTES[kind])[:, :, :2] = torch.tensor([0, 0x20], dtype=torch.uint8)  # d = 2^-7
+    if kind == 3:
+        blocks.view(n, -1, BLOCK_BYTES[kind])[:, :, 2:4] = torch.tensor([0, 0x20], dtype=torch.uint8)
+    x = torch.randn(m, k, generator=g)
+    whole = torch.empty(m, n)
+    door.call("ggml_matmul", kind, x, m, k, blocks, n, whole)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = torch.full((m, n), float("nan"))
+            door.call("ggml_matmul_cols", kind, x, m, k, blocks, n, out)
+            assert torch.equal(out, whole), threads
+    finally:
+        torch.set_num_threads(before)
+    lib = door.library()
+    out = torch.full((m, n), 7.0)
+    for start, end in ((0, 30), (30, 31), (31, 31), (31, 77)):
+        assert lib.ggml_matmul_cols(kind, x.data_ptr(), m, k, blocks.data_ptr(), n, out.data_ptr(), start, end) == 0
+    assert torch.equal(out, whole)
+    assert lib.ggml_matmul_cols(kind, x.data_ptr(), m, k, blocks.data_ptr(), n, out.data_ptr(), 5, 78) == -1

@@ -27,10 +27,11 @@ from .precision import cpu_flags
 BLOCK_TYPES = {kind: (name, BLOCK_BYTES[kind]) for kind, name in ((2, "Q4_0"), (3, "Q4_1"), (8, "Q8_0"))}
 # From how many input rows BlockLinear dequantizes weight tiles and multiplies with torch's GEMM, per path of
 # the C file (below it, the block kernel: batch-1 decoding reads each weight once, bytes moved dominate).
-# AVX512: 64, tuned there. AVX2, kernel vs dequantized tiles + GEMM on SmolLM2's 1536x576 and 576x1536 Q4_1
-# and 1536x576 Q8_0, one thread: 1.0-1.6x faster at 32 and 48 rows, 0.86-1.24x at 64, so 48 (a second thread
-# makes the GEMM faster, not the kernel). The portable C loop loses to the GEMM already at one row.
-_GEMM_ROWS_BY_PATH = {"avx512-vnni": 64, "avx512": 64, "avx2": 48, "portable": 1}
+# AVX512: 64, tuned there. AVX2 (Zen 3), kernel vs dequantized tiles + GEMM over a SmolLM2 layer's seven Q4_1
+# matrices, the kernel's columns split over threads as the GEMM's are: 2 threads 1.9x / 1.3x / 1.1x faster at
+# 32 / 64 / 96 rows, 0.93x at 128; one thread 1.4x at 32, 1.1-1.5x at 64-96, 0.85x at 128: so 96. The portable C
+# loop loses to the GEMM already at one row.
+_GEMM_ROWS_BY_PATH = {"avx512-vnni": 64, "avx512": 64, "avx2": 96, "portable": 1}
 
 
 def block_path(flags: set[str] | None = None) -> str:
@@ -142,7 +143,9 @@ class BlockLinear(nn.Module):
             x2 = x2.to(torch.float32).contiguous()
         m = x2.size(0)
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        door.call("ggml_matmul", self.kind, x2, m, self.in_features, self.blocks, self.out_features, out)
+        # output columns split over threads: a batch of rows is compute-bound and scales with them
+        door.call("ggml_matmul_cols", self.kind, x2, m, self.in_features, self.blocks, self.out_features, out,
+                  min_rows=1 if m > 1 else self.out_features)
         if self.bias is not None:
             out += self.bias
         out = out.view(*shape[:-1], self.out_features)

@@ -330,23 +330,23 @@ AI void dot4_i8(const int kind, const uint8_t *w, size_t row_bytes, int nb, cons
 static int exact_activations = 0;
 #endif
 
-AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
-                    const int int8_rows) {
+AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                    int64_t ldo, float *out, const int int8_rows) {
     const int nb = (int)(K / 32), bs = kind == 2 ? 18 : kind == 3 ? 20 : 34;
     const size_t rb = (size_t)nb * bs;
     int64_t m0 = 0;
     for (; m0 + 8 <= M; m0 += 8)  /* x rows outer: 8 rows of x stay in L1 while W streams */
-        for (int64_t n = 0; n < N; n++) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 1, 8);
+        for (int64_t n = 0; n < N; n++) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * ldo + n, ldo, 1, 8);
     /* 2..7 rows left: one pass over W for 4 or 2 of them, not a pass each (2 weight rows for more chains) */
     for (int mr = 4; mr >= 2; mr /= 2)
         for (; m0 + mr <= M; m0 += mr) {
             int64_t n = 0;
             for (; n + 2 <= N; n += 2)
-                if (mr == 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 2, 4);
-                else tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 2, 2);
+                if (mr == 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * ldo + n, ldo, 2, 4);
+                else tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * ldo + n, ldo, 2, 2);
             for (; n < N; n++)
-                if (mr == 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 1, 4);
-                else tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 1, 2);
+                if (mr == 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * ldo + n, ldo, 1, 4);
+                else tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * ldo + n, ldo, 1, 2);
         }
 #ifdef HAVE_DOT_I8
     if (int8_rows && M == 1 && nb <= 2048) {
@@ -355,7 +355,7 @@ AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const 
         int32_t sq[2048];
         for (; m0 < M; m0++) {
             quantize_x(x + m0 * K, nb, xq, dx, sq);
-            float *o = out + m0 * N;
+            float *o = out + m0 * ldo;
             int64_t n = 0;
             for (; n + 4 <= N; n += 4) dot4_i8(kind, w + n * rb, rb, nb, xq, dx, sq, o + n, 4);
             for (; n < N; n++) dot4_i8(kind, w + n * rb, rb, nb, xq, dx, sq, o + n, 1);
@@ -364,8 +364,8 @@ AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const 
 #endif
     for (; m0 < M; m0++) {
         int64_t n = 0;
-        for (; n + 4 <= N; n += 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 4, 1);
-        for (; n < N; n++) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * N + n, N, 1, 1);
+        for (; n + 4 <= N; n += 4) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * ldo + n, ldo, 4, 1);
+        for (; n < N; n++) tile(kind, w + n * rb, rb, bs, nb, x + m0 * K, K, out + m0 * ldo + n, ldo, 1, 1);
     }
 }
 
@@ -382,14 +382,29 @@ int ggml_exact(int on) {
 #endif
 }
 
-static int matmul_rows(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
-                       int int8_rows) {
+static int matmul_cols(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, int64_t ldo,
+                       float *out, int int8_rows) {
     if (K % 32) return -1;
-    if (kind == 2) matmul_kind(2, x, M, K, w, N, out, int8_rows);
-    else if (kind == 3) matmul_kind(3, x, M, K, w, N, out, int8_rows);
-    else if (kind == 8) matmul_kind(8, x, M, K, w, N, out, int8_rows);
+    if (kind == 2) matmul_kind(2, x, M, K, w, N, ldo, out, int8_rows);
+    else if (kind == 3) matmul_kind(3, x, M, K, w, N, ldo, out, int8_rows);
+    else if (kind == 8) matmul_kind(8, x, M, K, w, N, ldo, out, int8_rows);
     else return -1;
     return 0;
+}
+
+static int matmul_rows(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
+                       int int8_rows) {
+    return matmul_cols(kind, x, M, K, w, N, N, out, int8_rows);
+}
+
+/* Output columns [start, end) of the product (weight rows start..end-1): the door splits N over threads, each
+ * thread reading its own rows of W against all of x. Batches of many rows (a server's decode step) are
+ * compute-bound, so they scale with threads; one row is bound by memory and gains little. */
+int ggml_matmul_cols(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
+                     int64_t start, int64_t end) {
+    if (start < 0 || end > N || start > end || K % 32) return -1;
+    const int64_t rb = K / 32 * (kind == 2 ? 18 : kind == 3 ? 20 : 34);
+    return matmul_cols(kind, x, M, K, w + start * rb, end - start, N, out + start, 0);
 }
 
 /* The product for callers from Python (prompts, the LM head, other architectures): always fp32 activations,
@@ -444,15 +459,16 @@ static int matmul_rows(int kind, const float *x, int64_t M, int64_t K, const uin
     return ggml_matmul(kind, x, M, K, w, N, out);
 }
 
-/* kind: 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (GGML type ids). xsum: scratch of M * K/32 floats. Returns 0 or -1. */
-int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
-    if (K % 32) return -1;
+/* kind: 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (GGML type ids); output columns [start, end). Returns 0 or -1. */
+int ggml_matmul_cols(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
+                     int64_t start, int64_t end) {
+    if (K % 32 || start < 0 || end > N || start > end) return -1;
     const int nb = (int)(K / 32);
     if (kind == 2 || kind == 3) {
         const int q41 = kind == 3;
         const size_t row_bytes = (size_t)nb * (q41 ? 20 : 18);
         /* rows of W outer so each weight row is read from memory once and reused by all M inputs */
-        for (int64_t n = 0; n < N; n++) {
+        for (int64_t n = start; n < end; n++) {
             const uint8_t *row = w + n * row_bytes;
             for (int64_t m = 0; m < M; m++) out[m * N + n] = row_q4(row, x + m * K, nb, q41);
         }
@@ -460,13 +476,17 @@ int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w
     }
     if (kind == 8) {
         const size_t row_bytes = (size_t)nb * 34;
-        for (int64_t n = 0; n < N; n++) {
+        for (int64_t n = start; n < end; n++) {
             const uint8_t *row = w + n * row_bytes;
             for (int64_t m = 0; m < M; m++) out[m * N + n] = row_q8(row, x + m * K, nb);
         }
         return 0;
     }
     return -1;
+}
+
+int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    return ggml_matmul_cols(kind, x, M, K, w, N, out, 0, N);
 }
 #endif
 
