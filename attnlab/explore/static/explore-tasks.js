@@ -211,11 +211,14 @@
     }
   }
 
+  let crossAsked = 0;  // answers can arrive out of order: only the latest choice's is drawn
+
   async function loadCross() {
     if (!cross.run) return;
-    const layer = $("cross-layer").value, head = $("cross-head").value;
+    const layer = $("cross-layer").value, head = $("cross-head").value, asked = ++crossAsked;
     try {
       const r = await api(`/api/cross?run=${encodeURIComponent(cross.run)}&layer=${layer}&head=${head}`);
+      if (asked !== crossAsked) return;
       cross.weights = r;
       const c = $("cross-map");
       drawMap(c, r.weights, r.t, r.s, null, false);
