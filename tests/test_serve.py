@@ -193,10 +193,22 @@ def _wait_pool_full(url: str, seconds: float = 20) -> dict:
         time.sleep(0.05)
 
 
-def test_disconnect_mid_stream_frees_blocks(server, decoder):
+def test_disconnect_mid_stream_frees_blocks(server, decoder, smol_tok):
     s, app = server
     engine = app.state.engine
-    slow = decoder.register_forward_pre_hook(lambda *a: time.sleep(0.03))  # 64 tokens would take ~2 s
+    word = smol_tok.encode(" story", add_special_tokens=False)[0]
+    released, calls = threading.Event(), []
+
+    def gate(*_):  # after the prefill (which gives the first token) decoding waits until the client has left
+        calls.append(1)
+        if len(calls) > 1:
+            released.wait(60)
+
+    def one_word(_module, _args, out):  # the same printable token every step, whatever this CPU's rounding:
+        out.logits.fill_(0.0)           # never EOS, never an incomplete UTF-8 piece that sends no chunk
+        out.logits[..., word] = 1.0
+
+    hooks = [decoder.register_forward_pre_hook(gate), decoder.register_forward_hook(one_word)]
     try:
         with httpx.Client(base_url=s.url, timeout=TIMEOUT) as client:
             with client.stream("POST", "/v1/completions", json={"prompt": "A long story:", "max_tokens": 64,
@@ -204,12 +216,16 @@ def test_disconnect_mid_stream_frees_blocks(server, decoder):
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         break  # one chunk, then hang up
-                # decoding (63 tokens to go at 30 ms each): its blocks are held. (Checked before hanging up:
-                # after it, how soon the server notices is a race this test should not depend on.)
-                assert engine.pool.num_free < engine.pool.capacity_blocks
+                assert engine.pool.num_free < engine.pool.capacity_blocks  # held: decoding waits at the gate
+        deadline = time.monotonic() + 60
+        while not engine._cancel and time.monotonic() < deadline:  # the server has seen the hang-up
+            time.sleep(0.01)
+        released.set()
         m = _wait_pool_full(s.url)
     finally:
-        slow.remove()
+        released.set()
+        for h in hooks:
+            h.remove()
     assert m["kv_blocks_free"] == m["kv_blocks_total"] and m["running"] == 0
     assert m["engine"]["cancelled"] >= 1 and m["engine"]["finished"] == m["engine"]["requests"]
 
