@@ -155,6 +155,7 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
     assert status["causal_attention"]["reason"] == "this CPU lacks avx512f, avx512_bf16"
     assert status["int8_gemm"]["reason"] == "this CPU lacks avx2"
     assert status["int8_rows"]["active"] and status["fused_rows"]["active"]  # portable C: no special needs
+    assert status["paged_attention"]["active"]
     assert list(tmp_path.glob("kernels/attnlab-kernels-*.so"))
     lines = _lines(caplog)
     assert lines.count(LINE.format("short_attention", "this CPU lacks avx512f")) == 1
@@ -167,7 +168,7 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
 def test_kernel_status_says_what_runs_and_why():
     status = kernels.kernel_status()
     assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "int8_gemm", "short_attention", "fused_rows",
-                                           "causal_attention"]
+                                           "causal_attention", "paged_attention"]
     for s in status:
         assert set(s) == {"name", "active", "reason"} and isinstance(s["active"], bool) and s["reason"]
         assert s["active"] == s["reason"].startswith("built with ")

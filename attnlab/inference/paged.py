@@ -37,6 +37,8 @@ import threading
 
 import torch
 
+from ..nn.cpu_attention import paged_decode_attention
+
 SCRATCH_BLOCK = 0
 
 
@@ -146,9 +148,11 @@ class PagedBatchCache:
         write, read = [], []
         mask = torch.zeros(len(tables), self.k, dtype=torch.long)
         positions = torch.zeros(len(tables), self.t, dtype=torch.long)
+        self._held = []  # each row's slots, oldest first (for `decode_attention`)
         for i, (table, p, n, tot, h) in enumerate(zip(tables, past, new, total, held)):
             write += [SCRATCH_BLOCK] * (self.t - n) + table.slots(p, tot, bs)
-            read += [SCRATCH_BLOCK] * (self.k - h) + table.slots(tot - h, tot, bs)
+            self._held.append(table.slots(tot - h, tot, bs))
+            read += [SCRATCH_BLOCK] * (self.k - h) + self._held[-1]
             mask[i, self.k - h:] = 1
             positions[i, self.t - n:] = torch.arange(p, tot)
         device = pool.keys[0].device
@@ -157,6 +161,31 @@ class PagedBatchCache:
         self.attention_mask = mask.to(device)
         self.position_ids = positions.to(device)
         self.tables, self.new = tables, new
+        self._rows = None  # each row's slots without padding, for `decode_attention` (built on first use)
+
+    def decode_attention(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         scale: float) -> torch.Tensor | None:
+        """A decoding step (one new token a row, no sliding window): write the new keys and values, then
+        attend over each row's own slots in place (nn/cpu_attention.py), with no padded copy. None when
+        that is not this step's case or machine's: then `update` and SDPA."""
+        if self.t != 1 or self.window is not None or any(n != 1 for n in self.new) or q.size(2) != 1:
+            return None
+        keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
+        if self._rows is None:
+            held, offsets = self._held, [0]
+            for h in held:
+                offsets.append(offsets[-1] + len(h))
+            device = keys.device
+            self._rows = (torch.tensor([s for h in held for s in h], dtype=torch.long, device=device),
+                          torch.tensor(offsets, dtype=torch.long, device=device))
+        if not keys.is_contiguous() or keys.dtype != torch.float32 or q.dtype != torch.float32:
+            return None
+        if q.device.type != "cpu":
+            return None
+        b, h, t, d = k.shape
+        keys.index_copy_(0, self.write, k.transpose(1, 2).reshape(b * t, h, d))  # the new token sees itself
+        values.index_copy_(0, self.write, v.transpose(1, 2).reshape(b * t, h, d))
+        return paged_decode_attention(q, keys, values, *self._rows, scale)  # (None: `update` writes them again)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.k - self.t

@@ -90,6 +90,16 @@ class AttentionMask:
         return mask
 
     @property
+    def padding_only(self) -> bool:
+        """Whether this mask only hides padding keys (or nothing): no window, documents, global tokens, or
+        a bare mask tensor; and causal only where it hides nothing (one query after every key)."""
+        r = self._recipe
+        if r is None:
+            return self._allowed is None and not self.is_causal
+        return (r["window"] is None and r["documents"] is None and r["global_tokens"] is None
+                and (not r["causal"] or (r["shape"][0] == 1 and r["offset"] + 1 == r["shape"][1])))
+
+    @property
     def global_tokens(self) -> torch.Tensor | None:
         return self._recipe["global_tokens"] if self._recipe is not None else None
 
@@ -399,11 +409,17 @@ class Attention(nn.Module):
         elif self.block_sparse and cache is None and uses_blocks(t, self.sparse_block, self.num_random):
             out, weights = self._block_sparse(q, k, v, mask, need_weights)
         else:
-            if cache is not None:
-                k, v = cache.update(layer_idx, k, v)
-            out, weights = scaled_dot_product_attention(
-                q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
-                explicit=need_weights or self.explicit, tiled=self.tiled)
+            out = weights = None
+            attend = getattr(cache, "decode_attention", None)  # a paged cache reads its blocks in place
+            if (attend is not None and bias is None and not (need_weights or self.explicit or self.tiled)
+                    and (mask is None or mask.padding_only) and not (self.training and self.dropout)):
+                out = attend(layer_idx, q, k, v, q.size(-1) ** -0.5 if self.scale is None else self.scale)
+            if out is None:
+                if cache is not None:
+                    k, v = cache.update(layer_idx, k, v)
+                out, weights = scaled_dot_product_attention(
+                    q, k, v, mask, bias, self.scale, self.dropout if self.training else 0.0,
+                    explicit=need_weights or self.explicit, tiled=self.tiled)
         if self.global_attention and mask is not None and mask.global_tokens is not None:
             if cache is not None:
                 raise ValueError("global attention (Longformer) does not decode with a KV cache")

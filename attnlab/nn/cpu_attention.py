@@ -9,6 +9,8 @@ over torch's intra-op thread count (ctypes releases the GIL while a call runs).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import kernels
@@ -67,4 +69,28 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         kernels.call("causal_attention_bf16", q, k, v, out, h, hk, t, d, float(scale))
     except RuntimeError:  # the kernel's scratch memory could not be had: nothing written, torch's path
         return None
+    return out
+
+
+def paged_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                           offsets: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """One decoding step's attention read in place from a paged KV pool (`csrc/paged_attention.c`): q
+    (B, Hq, 1, D) fp32; keys / values (S, Hk, D), the pool's slots; row b attends to the slots
+    slots[offsets[b]:offsets[b + 1]] (int64). Returns (B, Hq, 1, D), or None when the case or the machine
+    is not the kernel's (then gather the keys and use SDPA)."""
+    if q.dim() != 4 or keys.dim() != 3:
+        return None
+    b, hq, t, d = q.shape
+    s, hk = keys.size(0), keys.size(1)
+    if (t != 1 or not q.dtype == keys.dtype == values.dtype == torch.float32 or keys.shape != values.shape
+            or keys.size(2) != d or d % 16 or hk == 0 or hq % hk or hq // hk * d > 4096
+            or any(type(x) not in (torch.Tensor, torch.nn.Parameter) or x.device.type != "cpu"
+                   for x in (q, keys, values, slots, offsets))
+            or not keys.is_contiguous() or not values.is_contiguous()
+            or torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or os.environ.get("ATTNLAB_FUSED") == "0" or not kernels.active("paged_attention")):
+        return None
+    out = torch.empty(b, hq, 1, d, dtype=torch.float32)
+    kernels.call("paged_decode_attention", q.contiguous(), keys, values, s, b, hq, hk, d, slots, offsets,
+                 slots.numel(), float(scale), out)
     return out

@@ -64,6 +64,18 @@ def _rb(a) -> int:
     return a["K"] // 32 * BLOCK_BYTES[a["kind"]]
 
 
+def _row_ranges(offsets: torch.Tensor, n: int) -> bool:
+    return (offsets.dtype == I64 and offsets.numel() >= 2 and int(offsets[0]) == 0 and int(offsets[-1]) == n
+            and bool((offsets[1:] > offsets[:-1]).all()))
+
+
+def _within(slots: torch.Tensor, size: int) -> bool:
+    if slots.dtype != I64 or slots.numel() == 0:
+        return False
+    low, high = torch.aminmax(slots)
+    return int(low) >= 0 and int(high) < size
+
+
 _KIND = (lambda a: a["kind"] in BLOCK_BYTES, "kind is a GGML block type (2 Q4_0, 3 Q4_1, 8 Q8_0)")
 _K32 = (lambda a: a["K"] > 0 and a["K"] % 32 == 0, "K a positive multiple of 32")
 _SAME = (lambda *names: (lambda a: all(a[n].dtype == a[names[0]].dtype for n in names),
@@ -115,6 +127,19 @@ SIGNATURES: dict[str, dict] = {
                    (lambda a: 0 < a["Tk"] and a["D"] * ((a["Tk"] + 15) // 16 * 16) <= 16384,
                     "1 <= Tk and D x Tk (padded to 16) <= 16384")],
         "rows": lambda a: a["B"] * a["Hq"]},
+    "paged_decode_attention": {
+        "args": [Buf("q", (F32,), lambda a: a["B"] * a["Hq"] * a["D"]),
+                 Buf("keys", (F32,), lambda a: a["S"] * a["Hk"] * a["D"]),
+                 Buf("values", (F32,), lambda a: a["S"] * a["Hk"] * a["D"]),
+                 Int("S"), Int("B"), Int("Hq"), Int("Hk"), Int("D"),
+                 Buf("slots", (I64,), lambda a: a["N"]), Buf("offsets", (I64,), lambda a: a["B"] + 1), Int("N"),
+                 Float("scale"), Buf("out", (F32,), lambda a: a["B"] * a["Hq"] * a["D"])],
+        "checks": [(lambda a: a["Hk"] > 0 and a["Hq"] % a["Hk"] == 0, "Hq a multiple of Hk"),
+                   (lambda a: 0 < a["D"] and a["D"] % 16 == 0 and a["Hq"] // a["Hk"] * a["D"] <= 4096,
+                    "D a multiple of 16 and (Hq / Hk) x D <= 4096"),
+                   (lambda a: _row_ranges(a["offsets"], a["N"]), "offsets rise from 0 to N, one slot or more a row"),
+                   (lambda a: _within(a["slots"], a["S"]), "every slot in [0, S)")],
+        "rows": lambda a: a["B"] * a["Hk"]},
     "silu_mul_rows": {"args": [Buf("gate", FLOAT_ROWS), Buf("up", FLOAT_ROWS, lambda a: a["gate"].numel()),
                                Buf("out", FLOAT_ROWS, lambda a: a["gate"].numel()), Int32("bf16")],
                       "checks": [_SAME("gate", "up", "out"), _FLAG("bf16", "gate")],
@@ -163,6 +188,7 @@ KERNELS: dict[str, dict] = {
     "short_attention": {"needs": ("avx512f",), "probe": "short_attention_supported"},
     "fused_rows": {"needs": (), "probe": None},
     "causal_attention": {"needs": ("avx512f", "avx512_bf16"), "probe": "causal_attention_supported"},
+    "paged_attention": {"needs": (), "probe": None},
 }
 
 
