@@ -282,6 +282,12 @@ def test_smollm2_next_token_sliders_step_and_paths(browser, smollm2_app):
     assert int(kv.get_attribute("data-tokens")) == n + 1 and int(kv.get_attribute("data-bytes")) > bytes0
     assert int(p.locator("#continuation .appended").first.get_attribute("data-id")) == greedy[0]
     assert int(top.first.get_attribute("data-id")) == greedy[1]  # the next distribution, one token on
+    # three clicks before any answer: they queue, each takes the greedy token of the step before it
+    p.evaluate("() => { for (let i = 0; i < 3; i++) document.getElementById('step-greedy').click(); }")
+    p.wait_for_function("() => document.body.dataset.steps === '4'")
+    assert [int(i) for i in p.locator("#continuation .appended").evaluate_all("es => es.map(e => e.dataset.id)")] \
+        == greedy[:4]
+    assert int(kv.get_attribute("data-tokens")) == n + 4
 
     p.fill("#paths-steps", "8")
     p.click("#paths-run")

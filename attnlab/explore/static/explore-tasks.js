@@ -6,7 +6,15 @@
   const { state, hooks, api, el, fmt, showPiece, setError, drawMap, shade, fillSelect, $ } = explore;
 
   // ---------------------------------------------------------------------------------------- next token
-  const dec = { session: null, greedy: null, kvHistory: [], reshaping: false, again: false };
+  const dec = { session: null, greedy: null, kvHistory: [], reshaping: false, again: false, steps: Promise.resolve() };
+
+  // Answers can arrive out of order (a slow request overtaken by a newer one): each view draws only the
+  // answer to its latest request. `ask(view)` numbers a request; the returned check says it is still the latest.
+  const asked = {};
+  function ask(view) {
+    const n = asked[view] = (asked[view] || 0) + 1;
+    return () => asked[view] === n;
+  }
 
   function shape() {
     return { temperature: Number($("temperature").value), top_k: Number($("top-k").value),
@@ -103,11 +111,23 @@
     }
   }
 
-  async function step(token) {
-    if (!dec.session) return;
+  // Steps grow one KV cache in order: a click while a step is in flight waits for it.
+  function step(token) {
+    dec.steps = dec.steps.then(() => stepNow(token));
+    return dec.steps;
+  }
+
+  async function stepNow(token) {
+    const session = dec.session;
+    if (!session) return;
+    if (token === "greedy") {  // the greedy token when the step runs (an earlier queued step moves it)
+      if (!dec.greedy) return;
+      token = dec.greedy.id;
+    }
     const seed = Number($("seed").value) || 0, start = performance.now();
     try {
-      const r = await api("/api/step", { session: dec.session, token, ...shape(), seed });
+      const r = await api("/api/step", { session, token, ...shape(), seed });
+      if (session !== dec.session) return;  // the text changed meanwhile: this step's prompt is gone
       renderNext(r);
       state.stepTiming = { start, end: performance.now(), serverMs: r.ms };  // read by the latency benchmark
       const s = el("span", "appended", showPiece(r.appended.piece));
@@ -116,14 +136,15 @@
       if (token === null) $("seed").value = String(seed + 1);  // the next sample draws differently
       document.body.dataset.steps = String($("continuation").children.length);
     } catch (e) {
-      setError("step: " + e.message);
+      if (session === dec.session) setError("step: " + e.message);
     }
   }
 
   async function paths() {
-    const steps = Math.max(1, Math.min(64, Number($("paths-steps").value) || 12));
+    const steps = Math.max(1, Math.min(64, Number($("paths-steps").value) || 12)), latest = ask("paths");
     try {
       const r = await api("/api/paths", { text: $("text").value, steps, ...shape(), seed: Number($("seed").value) || 0 });
+      if (!latest()) return;
       for (const [id, list] of [["paths-greedy", r.greedy], ["paths-sampled", r.sampled]]) {
         $(id).replaceChildren(...list.map((t) => {
           const li = el("li", null, showPiece(t.piece));
@@ -136,14 +157,16 @@
       }
       document.body.dataset.paths = "1";
     } catch (e) {
-      setError("paths: " + e.message);
+      if (latest()) setError("paths: " + e.message);
     }
   }
 
   // ---------------------------------------------------------------------------------------- encoders
   async function fill() {
+    const latest = ask("fill");
     try {
       const r = await api("/api/fill_mask", { text: $("fill-text").value, top: 10 });
+      if (!latest()) return;
       setError("");
       $("fill-results").replaceChildren(...r.masks.map((m) => {
         const div = el("div", "mask");
@@ -163,20 +186,22 @@
         return div;
       }));
     } catch (e) {
-      setError("fill mask: " + e.message);
+      if (latest()) setError("fill mask: " + e.message);
     }
   }
 
   async function similarity() {
+    const latest = ask("similarity");
     try {
       const r = await api("/api/similarity", { a: $("sim-a").value, b: $("sim-b").value });
+      if (!latest()) return;
       setError("");
       const c = $("sim-cosine");
       c.textContent = r.cosine.toFixed(4);
       c.dataset.value = r.cosine;
       $("sim-info").textContent = `(${r.pooling} pooling, ${r.dim} dimensions)`;
     } catch (e) {
-      setError("similarity: " + e.message);
+      if (latest()) setError("similarity: " + e.message);
     }
   }
 
@@ -186,8 +211,10 @@
   async function translate() {
     const body = { text: $("text").value, max_new_tokens: Math.max(1, Math.min(64, Number($("max-new").value) || 20)),
       target: $("target").value.trim() ? $("target").value : null };
+    const latest = ask("translate");
     try {
       const r = await api("/api/translate", body);
+      if (!latest()) return;
       setError("");
       cross.run = r.run;
       cross.source = r.source;
@@ -207,18 +234,17 @@
       }));
       await loadCross();
     } catch (e) {
-      setError("translate: " + e.message);
+      if (latest()) setError("translate: " + e.message);
     }
   }
 
-  let crossAsked = 0;  // answers can arrive out of order: only the latest choice's is drawn
 
   async function loadCross() {
     if (!cross.run) return;
-    const layer = $("cross-layer").value, head = $("cross-head").value, asked = ++crossAsked;
+    const layer = $("cross-layer").value, head = $("cross-head").value, latest = ask("cross");
     try {
       const r = await api(`/api/cross?run=${encodeURIComponent(cross.run)}&layer=${layer}&head=${head}`);
-      if (asked !== crossAsked) return;
+      if (!latest()) return;
       cross.weights = r;
       const c = $("cross-map");
       drawMap(c, r.weights, r.t, r.s, null, false);
@@ -228,7 +254,7 @@
       renderCrossRow();
       document.body.dataset.cross = `${layer}-${head}`;
     } catch (e) {
-      setError("cross-attention: " + e.message);
+      if (latest()) setError("cross-attention: " + e.message);
     }
   }
 
@@ -263,7 +289,7 @@
   });
   for (const id of ["temperature", "top-k", "top-p"]) $(id).addEventListener("input", reshape);
   $("step-sample").addEventListener("click", () => step(null));
-  $("step-greedy").addEventListener("click", () => dec.greedy && step(dec.greedy.id));
+  $("step-greedy").addEventListener("click", () => step("greedy"));
   $("paths-run").addEventListener("click", paths);
   $("fill-run").addEventListener("click", fill);
   $("fill-text").addEventListener("keydown", (e) => { if (e.key === "Enter") fill(); });
