@@ -22,26 +22,27 @@ def cpu_flags() -> set[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _read_flags() -> frozenset[str]:
-    # read once: layers ask at every forward which product runs here, and the CPU does not change
+def _flags_line() -> str:
+    """/proc/cpuinfo's first feature line ("flags" on x86, "Features" on ARM), read once: layers ask at every
+    forward which product runs here, and the CPU does not change."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+        with open("/proc/cpuinfo") as f:
+            # (the line as read, newline included: cpu_key keys on-disk caches, which must keep their names)
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
-        pass
-    return frozenset()
+        return ""
+
+
+@functools.lru_cache(maxsize=1)
+def _read_flags() -> frozenset[str]:
+    line = _flags_line()
+    return frozenset(line.split(":", 1)[1].split()) if line.startswith("flags") and ":" in line else frozenset()
 
 
 def cpu_key() -> str:
     """What code built with -march=native (or inductor's ISA pick) is valid for: the machine and the CPU's
     flags. Cached builds are keyed on it, so a cache copied to another CPU model is rebuilt, not run."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + flags
+    return platform.machine() + _flags_line()
 
 
 def cache_root() -> Path:
