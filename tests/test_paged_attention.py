@@ -121,11 +121,13 @@ def test_c_checks_the_slots_again_as_it_reads():
 
 def test_only_a_padding_mask_lets_the_step_read_the_pool_in_place():
     padding = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    assert AttentionMask.build(padding, 1, 3, causal=True, query_offset=2).padding_only  # a decoding step
-    assert AttentionMask.build(None, 1, 3, causal=True, query_offset=2).padding_only
-    assert not AttentionMask.build(padding, 3, 3, causal=True).padding_only           # a prompt: causal matters
-    assert not AttentionMask.build(padding, 1, 3, causal=True, window=2, query_offset=2).padding_only
-    assert not AttentionMask(torch.ones(1, 1, 1, 3, dtype=torch.bool)).padding_only    # a bare tensor
+    decoding = lambda m: m.only_padding(decoding=True)[0]  # noqa: E731
+    assert decoding(AttentionMask.build(padding, 1, 3, causal=True, query_offset=2))  # a decoding step
+    assert decoding(AttentionMask.build(None, 1, 3, causal=True, query_offset=2))
+    assert not AttentionMask.build(padding, 1, 3, causal=True, query_offset=2).only_padding()[0]  # (by default)
+    assert not decoding(AttentionMask.build(padding, 3, 3, causal=True))            # a prompt: causal matters
+    assert not decoding(AttentionMask.build(padding, 1, 3, causal=True, window=2, query_offset=2))
+    assert not decoding(AttentionMask(torch.ones(1, 1, 1, 3, dtype=torch.bool)))    # a bare tensor
 
 
 def _gqa_decoder():

@@ -90,16 +90,6 @@ class AttentionMask:
         return mask
 
     @property
-    def padding_only(self) -> bool:
-        """Whether this mask only hides padding keys (or nothing): no window, documents, global tokens, or
-        a bare mask tensor; and causal only where it hides nothing (one query after every key)."""
-        r = self._recipe
-        if r is None:
-            return self._allowed is None and not self.is_causal
-        return (r["window"] is None and r["documents"] is None and r["global_tokens"] is None
-                and (not r["causal"] or (r["shape"][0] == 1 and r["offset"] + 1 == r["shape"][1])))
-
-    @property
     def global_tokens(self) -> torch.Tensor | None:
         return self._recipe["global_tokens"] if self._recipe is not None else None
 
@@ -140,13 +130,15 @@ class AttentionMask:
                              "packed documents (document_ids) or global tokens")
         return r["padding"]
 
-    def only_padding(self) -> tuple[bool, torch.Tensor | None]:
+    def only_padding(self, decoding: bool = False) -> tuple[bool, torch.Tensor | None]:
         """(True, (B, Tk) bool or None) when this mask is at most key padding (no causal, window, documents,
-        global tokens or dense tensor), else (False, None)."""
+        global tokens or dense tensor), else (False, None). decoding: a causal mask that hides nothing (one
+        query after every key: a decoding step's) counts as no mask."""
         r = self._recipe
         if r is None:
             return self._allowed is None and not self.is_causal, None
-        if (r["causal"] or r["window"] is not None or r["documents"] is not None or r["global_tokens"] is not None
+        causal = r["causal"] and not (decoding and r["shape"][0] == 1 and r["offset"] + 1 == r["shape"][1])
+        if (causal or r["window"] is not None or r["documents"] is not None or r["global_tokens"] is not None
                 or r["shape"][1] != (r["padding"].size(-1) if r["padding"] is not None else r["shape"][1])):
             return False, None
         return True, r["padding"]
@@ -412,7 +404,8 @@ class Attention(nn.Module):
             out = weights = None
             attend = getattr(cache, "decode_attention", None)  # a paged cache reads its blocks in place
             if (attend is not None and bias is None and not (need_weights or self.explicit or self.tiled)
-                    and (mask is None or mask.padding_only) and not (self.training and self.dropout)):
+                    and (mask is None or mask.only_padding(decoding=True)[0])
+                    and not (self.training and self.dropout)):
                 out = attend(layer_idx, q, k, v, q.size(-1) ** -0.5 if self.scale is None else self.scale)
             if out is None:
                 if cache is not None:
