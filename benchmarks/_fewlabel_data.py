@@ -10,6 +10,11 @@ N whole sentences sampled with `random.Random(draw_seed)`, as research/fewlabel/
 no stratification, so a draw's label balance is the pool's up to chance.
 
 CoLA has a dev file: that is its report set; draws come from train.tsv lines whose text is not in it.
+
+book, the task the defaults never saw (which of five Gutenberg books a passage of 1-3 sentences is from, as
+benchmarks/glue_vs_transformers.py builds it): the report set is the 1,000 passages of the books' test
+blocks, draws come from the 4,000 training passages. attnlab trains it as `text-classification` on a CSV
+whose labels are the titles; the setfit side gets the titles' indices.
 """
 from __future__ import annotations
 
@@ -59,19 +64,44 @@ def draw(pool: list[dict], n: int, draw_seed: int) -> list[dict]:
     return random.Random(draw_seed).sample(pool, n)
 
 
+def book_split(data: Path) -> dict:
+    from _glue_data import BOOKS, book_rows
+    titles = list(BOOKS.values())
+    train, test = book_rows(data)
+    as_examples = lambda rows: [{"texts": [text], "label": titles.index(title), "title": title}  # noqa: E731
+                                for text, title, _ in rows]
+    note = (f"book report set: the {len(test)} passages of the test blocks of {len(titles)} Gutenberg books; draws come "
+            f"from the {len(train)} passages of their training blocks (benchmarks/_glue_data.py)")
+    return {"project": [], "report": as_examples(test), "pool": as_examples(train), "note": note}
+
+
+# the task attnlab's `finetune` and `evaluate` are given for each of the benchmark's tasks
+ATTNLAB_TASK = {"sst2": "sst2", "cola": "cola", "book": "text-classification"}
+
+
 def split_for(task_name: str, data: Path) -> dict:
+    if task_name == "book":
+        return book_split(data)
     task = get_task(task_name)
     train = task.read(data / task.train_file)
     if task_name == "sst2":
         return sst2_split(train)
     if task_name == "cola":
         return cola_split(train, task.read(data / task.valid_file))
-    raise ValueError(f"task {task_name!r}: the benchmark knows sst2 and cola")
+    raise ValueError(f"task {task_name!r}: the benchmark knows sst2, cola and book")
 
 
 def write_task_file(path: Path, task_name: str, examples: list[dict]) -> None:
-    """`examples` as a file the task reads back: SST-2's `sentence<TAB>label` with its header, or (CoLA) the
-    examples' original lines of their source file (4 columns, no header)."""
+    """`examples` as a file the task reads back: SST-2's `sentence<TAB>label` with its header, (CoLA) the
+    examples' original lines of their source file (4 columns, no header), or (book) a `text,label` CSV with
+    the titles as labels."""
+    if task_name == "book":
+        import csv
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["text", "label"])
+            writer.writerows((e["texts"][0], e["title"]) for e in examples)
+        return
     if task_name != "sst2":
         lines: dict[str, list[str]] = {}
         out = []

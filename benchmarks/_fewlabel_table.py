@@ -8,20 +8,23 @@ import platform
 from pathlib import Path
 
 SIDES = ("attnlab", "setfit")
-METRICS = {"sst2": ("accuracy",), "cola": ("mcc", "accuracy")}
+METRICS = {"sst2": ("accuracy",), "cola": ("mcc", "accuracy"), "book": ("accuracy",)}
 
 
 def scores(predictions: list[int], gold: list[int]) -> dict:
-    """{"accuracy", "mcc"} in percent (Matthews correlation x 100, 0 when a row or column of the confusion
-    matrix is empty, as sklearn and attnlab define it)."""
+    """{"accuracy", "mcc"} in percent. Two classes: Matthews correlation x 100, 0 when a row or column of the
+    confusion matrix is empty (as sklearn and attnlab define it). More classes: accuracy only."""
     if len(predictions) != len(gold):
         raise ValueError(f"{len(predictions)} predictions for {len(gold)} gold labels")
+    accuracy = 100.0 * sum(p == g for p, g in zip(predictions, gold)) / len(gold)
+    if not set(gold) | set(predictions) <= {0, 1}:
+        return {"accuracy": accuracy}
     tp = sum(p == 1 and g == 1 for p, g in zip(predictions, gold))
     tn = sum(p == 0 and g == 0 for p, g in zip(predictions, gold))
     fp = sum(p == 1 and g == 0 for p, g in zip(predictions, gold))
     fn = sum(p == 0 and g == 1 for p, g in zip(predictions, gold))
     denom = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    return {"accuracy": 100.0 * (tp + tn) / len(gold), "mcc": 100.0 * (tp * tn - fp * fn) / denom if denom else 0.0}
+    return {"accuracy": accuracy, "mcc": 100.0 * (tp * tn - fp * fn) / denom if denom else 0.0}
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:

@@ -1,6 +1,7 @@
 """Few labels: attnlab's defaults against the setfit library's own recipe, same model, same draws.
 
-For each TASK:N and draw, both sides train all-MiniLM-L6-v2 (packaged `minilm`, a sentence-transformers
+TASK is sst2, cola, or book: the task the defaults never saw (which of five Gutenberg books a passage is from;
+attnlab trains it as `text-classification`). For each TASK:N and draw, both sides train all-MiniLM-L6-v2 (packaged `minilm`, a sentence-transformers
 directory) on the same N labeled sentences and are scored once on the same report set:
   attnlab   `attnlab finetune TASK --model minilm --train DRAW.tsv --output DIR --seed S --no-progress`
             (nothing else: the defaults choose the rest), then `attnlab evaluate TASK --data REPORT` once.
@@ -14,7 +15,7 @@ draws, the difference paired by draw (real only beyond two of its standard error
 seconds of each side (model loading included, scoring the report set not), the machine and the load.
 
     python benchmarks/fewlabel_vs_setfit.py --work runs/fewlabel --threads 1 --resume --markdown table.md
-        (default --sizes sst2:64,sst2:250,cola:250,sst2:1000,cola:1000 --draws 0,1,2)
+        (default --sizes sst2:64,sst2:250,cola:250,book:250,sst2:1000,cola:1000,book:1000 --draws 0,1,2)
     python benchmarks/fewlabel_vs_setfit.py --work runs/fewlabel --table-only     # the table of what ran
     ... --limit 64      # a smoke run: score on the first 64 report sentences only (rows are marked)
 """
@@ -32,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, data_root, table  # noqa: E402
-from _fewlabel_data import draw, split_for, write_plain, write_task_file  # noqa: E402
+from _fewlabel_data import ATTNLAB_TASK, draw, split_for, write_plain, write_task_file  # noqa: E402
 from _fewlabel_table import HEADER, machine, markdown, scores, summarize, table_rows  # noqa: E402
 
 PAPER_ITERATIONS = 20   # the SetFit paper's (and setfit's pre-1.0 quickstart's) num_iterations
@@ -79,7 +80,8 @@ def _fail(what: str, done: subprocess.CompletedProcess, log: Path) -> None:
     raise RuntimeError(f"{what} exited with status {done.returncode}; the end of {log}:\n{tail}")
 
 
-def run_attnlab(task: str, files: dict, run_dir: Path, a, env: dict) -> dict:
+def run_attnlab(name: str, files: dict, run_dir: Path, a, env: dict) -> dict:
+    task = ATTNLAB_TASK[name]
     ft = ["finetune", task, "--model", a.model, "--train", str(files["train"]), "--output", str(run_dir / "model"),
           "--seed", str(a.seed), "--no-progress"]
     done, wall, cpu = measured([sys.executable, "-m", "attnlab", *ft], env, run_dir / "finetune.log")
@@ -121,15 +123,16 @@ def run_setfit(task: str, files: dict, run_dir: Path, a, env: dict, labels: list
 
 def prepare(task: str, size: int, draws: list[int], work: Path, limit: int | None, cache: dict) -> dict:
     """Write the report set and each draw (task format for attnlab, plain JSON lines for setfit) once."""
+    suffix = ".csv" if task == "book" else ".tsv"  # (the file type attnlab reads it as)
     if task not in cache:
         split = split_for(task, data_root())
         report = split["report"][:limit] if limit else split["report"]
         base = work / "data"
         base.mkdir(parents=True, exist_ok=True)
         name = f"{task}-report{f'-limit{limit}' if limit else ''}"
-        write_task_file(base / f"{name}.tsv", task, report)
+        write_task_file(base / f"{name}{suffix}", task, report)
         write_plain(base / f"{name}.jsonl", report)
-        cache[task] = {**split, "report_files": (base / f"{name}.tsv", base / f"{name}.jsonl"),
+        cache[task] = {**split, "report_files": (base / f"{name}{suffix}", base / f"{name}.jsonl"),
                        "gold": [int(e["label"]) for e in report]}
         print(split["note"] + (f"; smoke run: scored on the first {limit} report sentences" if limit else ""),
               flush=True)
@@ -137,9 +140,9 @@ def prepare(task: str, size: int, draws: list[int], work: Path, limit: int | Non
     for d in draws:
         train = draw(cache[task]["pool"], size, d)
         stem = work / "data" / f"{task}-{size}-draw{d}"
-        write_task_file(stem.with_suffix(".tsv"), task, train)
+        write_task_file(stem.with_suffix(suffix), task, train)
         write_plain(stem.with_suffix(".jsonl"), train)
-        out[d] = {"train": stem.with_suffix(".tsv"), "train_plain": stem.with_suffix(".jsonl"),
+        out[d] = {"train": stem.with_suffix(suffix), "train_plain": stem.with_suffix(".jsonl"),
                   "report": cache[task]["report_files"][0], "report_plain": cache[task]["report_files"][1],
                   "labels": [e["label"] for e in train]}
     return out
@@ -157,8 +160,8 @@ def parse_sizes(text: str) -> list[tuple[str, int]]:
     out = []
     for part in text.split(","):
         task, _, n = part.partition(":")
-        if task not in ("sst2", "cola") or not n.isdigit() or int(n) < 2:
-            raise SystemExit(f"--sizes: {part!r} is not TASK:N with TASK sst2 or cola and N >= 2")
+        if task not in ATTNLAB_TASK or not n.isdigit() or int(n) < 2:
+            raise SystemExit(f"--sizes: {part!r} is not TASK:N with TASK sst2, cola or book and N >= 2")
         out.append((task, int(n)))
     return out
 
@@ -187,8 +190,8 @@ def notes(rows: list[dict], a, load_before, load_after) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True, help="directory of the draws, runs and results.jsonl")
-    ap.add_argument("--sizes", default="sst2:64,sst2:250,cola:250,sst2:1000,cola:1000",
-                    help="TASK:N,... in the order to run (TASK: sst2 or cola)")
+    ap.add_argument("--sizes", default="sst2:64,sst2:250,cola:250,book:250,sst2:1000,cola:1000,book:1000",
+                    help="TASK:N,... in the order to run (TASK: sst2, cola or book, the task the defaults never saw)")
     ap.add_argument("--draws", default="0,1,2", help="draw seeds (the same draws for both sides)")
     ap.add_argument("--seed", type=int, default=42, help="training seed of every run, both sides (default 42)")
     ap.add_argument("--threads", type=int, default=1, help="threads of each run, both sides (default 1)")

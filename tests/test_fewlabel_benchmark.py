@@ -91,6 +91,22 @@ def test_draw_files_read_back_as_the_task_reads_them(name, data_dir, tmp_path):
     assert [(" ".join(r["text"].split()), r["label"]) for r in rows] == [(_text(e), int(e["label"])) for e in examples]
 
 
+def test_book_reports_on_the_test_blocks_and_its_files_read_back(data_dir, tmp_path):
+    """The task the defaults never saw: the report set is the books' test passages, the pool their training
+    passages (no text in both); attnlab reads the titles back from its CSV, setfit gets their indices."""
+    split = split_for("book", data_dir)
+    assert (len(split["pool"]), len(split["report"])) == (4000, 1000)
+    assert not {_text(e) for e in split["report"]} & {_text(e) for e in split["pool"]}
+    assert sorted(Counter(e["label"] for e in split["report"]).values()) == [200] * 5
+    examples = draw(split["pool"], 30, 0)
+    write_task_file(tmp_path / "d.csv", "book", examples)
+    back = get_task("text-classification").read(tmp_path / "d.csv")
+    assert [(_text(e), e["label"]) for e in back] == [(_text(e), e["title"]) for e in examples]
+    write_plain(tmp_path / "d.jsonl", examples)
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows] == [e["label"] for e in examples] and {r["label"] for r in rows} <= set(range(5))
+
+
 def test_scores_match_the_definitions():
     gold = [1, 1, 1, 0, 0, 0, 0, 1]
     pred = [1, 1, 0, 0, 0, 1, 0, 1]   # tp 3, tn 3, fp 1, fn 1
@@ -102,6 +118,7 @@ def test_scores_match_the_definitions():
     assert s["mcc"] == pytest.approx(100 * matthews_corrcoef(pred, gold))
     with pytest.raises(ValueError, match="3 predictions for 2"):
         scores([1, 0, 1], [1, 0])
+    assert scores([0, 3, 4, 2], [0, 3, 1, 2]) == {"accuracy": 75.0}  # five books: accuracy only
 
 
 def test_mean_and_standard_error():
@@ -156,6 +173,6 @@ def test_setfit_recipe_keeps_its_default_unless_it_draws_more_pairs_than_the_pap
 
 def test_sizes_parse_in_order_and_a_bad_one_is_named():
     from fewlabel_vs_setfit import parse_sizes
-    assert parse_sizes("sst2:64,cola:250,sst2:1000") == [("sst2", 64), ("cola", 250), ("sst2", 1000)]
+    assert parse_sizes("sst2:64,cola:250,book:250") == [("sst2", 64), ("cola", 250), ("book", 250)]
     with pytest.raises(SystemExit, match="'mrpc:64'"):
         parse_sizes("sst2:64,mrpc:64")
