@@ -213,13 +213,18 @@ def test_disconnect_mid_stream_frees_blocks(server, decoder, smol_tok):
         with httpx.Client(base_url=s.url, timeout=TIMEOUT) as client:
             with client.stream("POST", "/v1/completions", json={"prompt": "A long story:", "max_tokens": 64,
                                                                 "temperature": 0, "stream": True}) as r:
-                for line in r.iter_lines():
+                lines = r.iter_lines()  # (kept: a line iterator dropped at `break` closes the connection there)
+                for line in lines:
                     if line.startswith("data: "):
-                        break  # one chunk, then hang up
-                assert engine.pool.num_free < engine.pool.capacity_blocks  # held: decoding waits at the gate
-        deadline = time.monotonic() + 60
-        while not engine._cancel and time.monotonic() < deadline:  # the server has seen the hang-up
-            time.sleep(0.01)
+                        break  # one chunk, then hang up (when the block ends)
+                deadline = time.monotonic() + 60
+                while len(calls) < 2 and time.monotonic() < deadline:  # the first decoding step is at the gate
+                    time.sleep(0.005)
+                assert len(calls) == 2 and engine.stats["cancelled"] == 0
+                assert engine.pool.num_free < engine.pool.capacity_blocks  # held while decoding waits
+        while not (engine._cancel or engine.stats["cancelled"]) and time.monotonic() < deadline:
+            time.sleep(0.005)  # until the server has seen the hang-up (the engine cannot drop it at the gate)
+        assert engine._cancel
         released.set()
         m = _wait_pool_full(s.url)
     finally:
