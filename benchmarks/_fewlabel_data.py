@@ -96,11 +96,8 @@ def write_task_file(path: Path, task_name: str, examples: list[dict]) -> None:
     examples' original lines of their source file (4 columns, no header), or (book) a `text,label` CSV with
     the titles as labels."""
     if task_name == "book":
-        import csv
-        with open(path, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(["text", "label"])
-            writer.writerows((e["texts"][0], e["title"]) for e in examples)
+        from _glue_data import write_csv
+        write_csv(path, [(e["texts"][0], e["title"], 0) for e in examples])
         return
     if task_name != "sst2":
         lines: dict[str, list[str]] = {}

@@ -182,19 +182,23 @@ class PagedBatchCache:
             return None
         if q.device.type != "cpu":
             return None
-        b, h, t, d = k.shape
-        keys.index_copy_(0, self.write, k.transpose(1, 2).reshape(b * t, h, d))  # the new token sees itself
-        values.index_copy_(0, self.write, v.transpose(1, 2).reshape(b * t, h, d))
+        self._write(layer_idx, k, v)  # the new token sees itself
         return paged_decode_attention(q, keys, values, *self._rows, scale)  # (None: `update` writes them again)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.k - self.t
 
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The new tokens' keys and values into their slots of the pool."""
         b, h, t, d = k.shape
         keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
         keys.index_copy_(0, self.write, k.transpose(1, 2).reshape(b * t, h, d).to(keys.dtype))
         values.index_copy_(0, self.write, v.transpose(1, 2).reshape(b * t, h, d).to(values.dtype))
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, t, d = k.shape
+        keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
+        self._write(layer_idx, k, v)
         k_all = keys.index_select(0, self.read).view(b, self.k, h, d).transpose(1, 2)
         v_all = values.index_select(0, self.read).view(b, self.k, h, d).transpose(1, 2)
         return k_all, v_all
