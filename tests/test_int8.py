@@ -176,7 +176,7 @@ def _gemm_reference(q, scale, weight_q, weight_scale, bias):
 
 
 @pytest.mark.skipif(bool(kernel_reason("int8_gemm")), reason="the AVX2 int8 product is not built on this CPU")
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 33), (37, 96, 80), (64, 387, 64), (130, 384, 1152)])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 33), (37, 96, 80), (64, 387, 64), (130, 384, 1152), (150, 1537, 24)])
 def test_int8_gemm_is_the_exact_integer_product(m, k, n):
     """Every shape edge: rows odd (the 2-row tile's remainder), K not a multiple of 4 (the packed zeros and
     the row's last partial group), N not a multiple of 32 (the last panel), codes at the extremes -128/127
