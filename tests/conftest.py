@@ -68,3 +68,37 @@ def browser():
         b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+def transformers_from_gguf(gguf: Path):
+    """transformers' own (model, tokenizer) for a GGUF file, fp32. Its GGUF loader dequantizes and converts for
+    ~30 s, and more than one test file asks for the packaged SmolLM2, so the first conversion is saved by
+    transformers itself into build/test-cache (keyed by the file's size and mtime and transformers' version)
+    and every later call reloads that copy: still transformers' reading of the file, not attnlab's."""
+    import fcntl
+    import shutil
+
+    import torch
+    from safetensors.torch import save_model
+    transformers = pytest.importorskip("transformers")
+    st = gguf.stat()
+    key = f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}-transformers-{transformers.__version__}"
+    root = REPO / "build" / "test-cache"
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / key
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers: one converts, the other waits and reloads
+        if not (out / "complete").exists():
+            tmp = root / f"{key}.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                      dtype=torch.float32)
+            transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+            # transformers will not save_pretrained a model read from GGUF; its config and weights as they are
+            model.config.save_pretrained(tmp)
+            save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            (tmp / "complete").touch()
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+    return (transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval(),
+            transformers.AutoTokenizer.from_pretrained(out))

@@ -15,6 +15,7 @@ from attnlab.inference.generate import encode_prompts, generate, stream
 from attnlab.interop.gguf import unpermute_rope
 from attnlab.interop.files import CheckpointError
 from attnlab.interop.local import resolve
+from conftest import transformers_from_gguf
 
 gguf = pytest.importorskip("gguf")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -37,13 +38,11 @@ def test_real_gguf_logits_equal_transformers(smol_path, smol):
     model, tok = smol
     assert model.config.num_kv_heads == 3 and model.config.rope_theta == 100000.0
     assert model.lm_head.weight is model.backbone.embeddings.tok.weight  # the file has no output.weight
-    hf = transformers.AutoModelForCausalLM.from_pretrained(smol_path.parent, gguf_file=smol_path.name,
-                                                           dtype=torch.float32).eval()
+    hf, hf_tok = transformers_from_gguf(smol_path)
     ids, _ = encode_prompts(tok, apply_chat_template(tok, QUESTION))
     with torch.no_grad():
         want, got = hf(ids).logits, model(ids).logits
     assert (got - want).abs().max().item() <= 1e-4
-    hf_tok = transformers.AutoTokenizer.from_pretrained(smol_path.parent, gguf_file=smol_path.name)
     for text in ["Hello world, this is SmolLM!", "Café naïve 🙂 — 日本語", "  spaces\tand\nnewlines "]:
         assert tok.encode(text, add_special_tokens=False) == hf_tok.encode(text, add_special_tokens=False)
     # SmolLM's pre-tokenizer (GGUF tokenizer.ggml.pre = "smollm") splits numbers into single digits

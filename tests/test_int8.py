@@ -164,6 +164,8 @@ def test_minilm_int8_keeps_cosine_on_real_sentences(minilm, data_dir, monkeypatc
         assert cos.min() >= 0.99 and cos.mean() >= 0.998, (cos.min(), cos.mean())
     else:
         assert cos.min() >= 0.97 and cos.mean() >= 0.995, (cos.min(), cos.mean())
+    if "avx512_vnni" in flags and real != "int_mm":
+        return  # the uncalibrated model would run the plain loop once more; the avx2 case checks it
     uncalibrated = quantize(model, "int8")  # per-token / per-batch scales only: still close, less so
     assert (embed(uncalibrated, tok, texts) * ref).sum(-1).mean() >= 0.98
 

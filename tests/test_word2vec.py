@@ -88,9 +88,9 @@ def test_neighbours_agree_with_gensim_on_real_text(data_dir):
 
 @pytest.mark.slow
 def test_nearest_neighbour_quality_on_the_similarity_set(data_dir):
-    """Trained on three novels, a related word (king: queen) is nearer than an unrelated one (king: table)
-    for at least 80% of the hand-written triples of the senses experiment."""
+    """Trained on two novels, a related word (king: queen) is nearer than an unrelated one (king: table)
+    for at least 80% of the hand-written triples of the senses experiment (all 15 of them on this machine)."""
     from attnlab.experiments.senses import word_quality
-    books = [data_dir / "gutenberg" / name for name in ("1400-0.txt", "98-0.txt", "158-0.txt")]
+    books = [data_dir / "gutenberg" / name for name in ("1400-0.txt", "98-0.txt")]
     quality = word_quality(train_word2vec(read_sentences(books), dim=64, epochs=3, seed=0))
     assert quality["similarity_n"] >= 12 and quality["similarity"] >= 0.8, quality
