@@ -56,8 +56,8 @@ class Strided(Buf):
 
 
 def int8_packed_bytes(K: int, N: int) -> int:
-    """Bytes of `int8_pack_b`'s copy of a (K, N) int8 matrix: panels of 32 columns, K in groups of 4."""
-    return (N + 31) // 32 * 32 * ((K + 3) // 4 * 4)
+    """Bytes of `int8_pack_b`'s copy of a (K, N) int8 matrix: panels of 16 columns, K in pairs."""
+    return (N + 15) // 16 * 16 * ((K + 1) // 2 * 2)
 
 
 def _rb(a) -> int:

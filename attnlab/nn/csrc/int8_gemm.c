@@ -6,42 +6,40 @@
  * b (K, N) int8 weights (one scale w_n per column), the sum exact in int32 and the scaling fused in, so the
  * int32 products never leave the registers.
  *
- * The multiply is vpmaddubsw (unsigned bytes x signed bytes, adjacent pairs added into int16) with the sign
- * trick llama.cpp uses for its AVX2 dot products: a*b = |a| * (sign(a) b). Both sides lie in [-127, 127]
- * (activations may reach -128, whose |a| = 128 is still read right as unsigned), so a pair is at most
- * 2 * 128 * 127 = 32512 and never saturates int16: the sum is the exact integer one, unlike a u8 x s8
- * product of offset activations, whose pairs can saturate. vpmaddwd with ones then widens pairs into int32.
- * On Zen 3 this runs at ~1.5x the fp32 product of the same shape (two multiplies per 32 products against
- * FMA's one per 8, on one multiply pipe).
+ * The multiply is vpmaddwd on int16: each 32-bit lane holds a pair of k's, a (a_k, a_k+1) pair broadcast
+ * against 8 columns' (b_k, b_k+1) pairs gives a_k b_k + a_k+1 b_k+1 in int32, exactly. Both sides are int8
+ * widened to int16: the activations once per call (a row as int32 pairs), the weights as they are loaded
+ * (vpmovsxbw, shared by the tile's 6 rows). 16 products cost two operations (vpmaddwd, vpaddd) and nothing
+ * can saturate; the byte product (vpmaddubsw) needs the sign trick to stay exact, 4.75 operations per 32
+ * products, and ran ~10% slower on Zen 3 (~59 against ~65 GMAC/s on one core, MiniLM's shapes).
  *
- * b is packed once (`int8_pack_b`): panels of NR = 32 columns; within a panel, for each group of 4 k's (K
- * rounded up to a multiple of 4, zeros past K and past N), the 32 columns' 4 bytes: one 128-byte line, read
- * as 4 vectors of 8 columns x 4 k's. The micro-tile is MR = 4 rows x 16 columns (half a panel): see
- * int8_gemm. On one Zen 3 core it makes ~58 GMAC/s, ~1.07x the 2 x 32 tile it replaced (MiniLM's shapes; 3-10%
- * of the int8 encoder end to end).
+ * b is packed once (`int8_pack_b`): panels of NP = 16 columns; within a panel, for each pair of k's (K
+ * rounded up to even, zeros past K and past N), the 16 columns' 2 bytes: 32 bytes, widened as two vectors
+ * of 8 columns x 2 k's. The micro-tile is MR = 6 rows x 16 columns: 12 accumulators, 2 weight vectors and
+ * the broadcast pair in the 16 vector registers. Rows go in chunks of ~128 KB of widened activations,
+ * which stay in L2 while every panel passes over them.
  */
 #include <stdint.h>
-#include <string.h>
+#include <stdlib.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
-#define NR 32   /* columns per packed panel */
-#define HALF 16 /* columns per micro-tile */
-#define MR 4
+#define NP 16 /* columns per packed panel and per micro-tile */
+#define MR 6
 #define ACHUNK (128 * 1024)
 
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-/* out: round_up(N, 32) * round_up(K, 4) bytes (nn/int8.py's `packed_bytes`) */
+/* out: round_up(N, 16) * round_up(K, 2) bytes (nn/kernel_signatures.py's `int8_packed_bytes`) */
 int int8_pack_b(const int8_t *b, int64_t K, int64_t N, int8_t *out) {
     if (K < 0 || N < 0) return -1;
-    const int64_t kq = round_up(K, 4) / 4;
-    for (int64_t n0 = 0; n0 < N; n0 += NR)
-        for (int64_t q = 0; q < kq; q++)
-            for (int64_t c = 0; c < NR; c++)
-                for (int64_t j = 0; j < 4; j++) {
-                    const int64_t k = 4 * q + j, n = n0 + c;
+    const int64_t kp = round_up(K, 2) / 2;
+    for (int64_t n0 = 0; n0 < N; n0 += NP)
+        for (int64_t p = 0; p < kp; p++)
+            for (int64_t c = 0; c < NP; c++)
+                for (int64_t j = 0; j < 2; j++) {
+                    const int64_t k = 2 * p + j, n = n0 + c;
                     *out++ = (k < K && n < N) ? b[k * N + n] : 0;
                 }
     return 0;
@@ -50,22 +48,11 @@ int int8_pack_b(const int8_t *b, int64_t K, int64_t N, int8_t *out) {
 #if defined(__AVX2__)
 int int8_gemm_supported(void) { return 1; }
 
-/* The 4 activations a[4q .. 4q+3] of one row as one int32; past K they are zeros (the packed weights there
- * are zeros too; the copy keeps the read inside the row). A constant-size memcpy is one load. */
-static inline int32_t quad(const int8_t *row, int64_t q, int64_t K) {
-    int32_t v = 0;
-    if (4 * q + 4 <= K) {
-        memcpy(&v, row + 4 * q, 4);
-        return v;
-    }
-    for (int64_t k = 4 * q; k < K; k++) ((int8_t *)&v)[k - 4 * q] = row[k];
-    return v;
-}
-
-/* scale and store one row of a tile: HALF columns n0 .. n0 + cols - 1 (cols <= HALF) */
-static inline void store_row(const __m256i acc[2], float s, const float *wscale, const float *bias, int64_t n0,
-                             int64_t cols, float *out) {
-    if (cols == HALF) {
+/* scale and store one row of a tile: columns n0 .. n0 + cols - 1 (cols <= NP) */
+static inline void store_row(__m256i acc0, __m256i acc1, float s, const float *wscale, const float *bias,
+                             int64_t n0, int64_t cols, float *out) {
+    const __m256i acc[2] = {acc0, acc1};
+    if (cols == NP) {
         const __m256 vs = _mm256_set1_ps(s);
         for (int j = 0; j < 2; j++) {
             __m256 f = _mm256_mul_ps(vs, _mm256_loadu_ps(wscale + n0 + 8 * j));
@@ -75,7 +62,7 @@ static inline void store_row(const __m256i acc[2], float s, const float *wscale,
         }
         return;
     }
-    int32_t tmp[HALF];
+    int32_t tmp[NP];
     for (int j = 0; j < 2; j++) _mm256_storeu_si256((__m256i *)(tmp + 8 * j), acc[j]);
     for (int64_t c = 0; c < cols; c++) {
         /* the same operations as the vector path: (s * w) first, then one fused multiply-add */
@@ -84,70 +71,61 @@ static inline void store_row(const __m256i acc[2], float s, const float *wscale,
     }
 }
 
-/* One row's step into its two accumulators: |x| x (sign(x) b), pairs widened by vpmaddwd with ones. */
-#define ROW_STEP(acc, x)                                                                                          \
+/* row i of the tile: its (a_2p, a_2p+1) pair against both weight vectors */
+#define STEP(i)                                                                                                   \
     do {                                                                                                          \
-        const __m256i ax_ = _mm256_sign_epi8(x, x);                                                               \
-        acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax_, _mm256_sign_epi8(b0, x)),  \
-                                                            ones));                                               \
-        acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax_, _mm256_sign_epi8(b1, x)),  \
-                                                            ones));                                               \
+        const __m256i x = _mm256_set1_epi32(r[i][p]);                                                             \
+        c##i##0 = _mm256_add_epi32(c##i##0, _mm256_madd_epi16(x, b0));                                            \
+        c##i##1 = _mm256_add_epi32(c##i##1, _mm256_madd_epi16(x, b1));                                            \
     } while (0)
 
 /* rows [start, end) of y (M, N) = a (M, K) x packed b, scaled: the door splits the rows over threads.
- * A 32-column panel is done as two halves of 16 columns with MR = 4 rows: 8 accumulators, 2 weight vectors,
- * the broadcast activation, its absolute value, a product and the ones stay within the 16 vector registers
- * (a 2 x 32 tile needs 17, and the compiler spilled 5 accumulators to the stack on every step). */
+ * Returns -2 if the widened rows' buffer cannot be allocated. */
 int int8_gemm(const int8_t *a, const float *ascale, int64_t M, int64_t K, const int8_t *bp, const float *wscale,
               const float *bias, int64_t N, float *y, int64_t start, int64_t end) {
     if (M < 0 || K < 0 || N < 0 || start < 0 || end > M || start > end) return -1;
-    const int64_t kq = round_up(K, 4) / 4, kfull = K / 4;
-    const __m256i ones = _mm256_set1_epi16(1);
-    /* rows in chunks of ~128 KB of activations, which stay in L2 while every panel passes over them (a long K
-     * would otherwise stream all of a from L3 once per 16 columns) */
-    const int64_t chunk = K * MR > ACHUNK ? MR : ACHUNK / K / MR * MR;
+    if (start == end || N == 0) return 0;
+    const int64_t kp = round_up(K, 2) / 2;
+    int64_t chunk = kp ? ACHUNK / (4 * kp) / MR * MR : MR;
+    if (chunk < MR) chunk = MR;
+    int32_t *wide = malloc((size_t)(chunk * (kp ? kp : 1)) * sizeof(int32_t)); /* a row's int16 pairs */
+    if (!wide) return -2;
     for (int64_t mc = start; mc < end; mc += chunk) {
-    const int64_t mend = end - mc < chunk ? end : mc + chunk;
-    for (int64_t n0 = 0; n0 < N; n0 += NR) {
-        const int8_t *panel = bp + n0 * kq * 4;
-        for (int h = 0; h < 2; h++) {
-            const int64_t c0 = n0 + HALF * h;
-            if (c0 >= N) break;
-            const int64_t cols = N - c0 < HALF ? N - c0 : HALF;
+        const int64_t mend = end - mc < chunk ? end : mc + chunk;
+        for (int64_t m = mc; m < mend; m++) {
+            const int8_t *row = a + m * K;
+            int32_t *w = wide + (m - mc) * kp;
+            for (int64_t p = 0; p < kp; p++) {
+                const int16_t lo = row[2 * p], hi = 2 * p + 1 < K ? row[2 * p + 1] : 0;
+                w[p] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+            }
+        }
+        for (int64_t n0 = 0; n0 < N; n0 += NP) {
+            const int8_t *panel = bp + n0 * kp * 2;
+            const int64_t cols = N - n0 < NP ? N - n0 : NP;
             for (int64_t m = mc; m < mend; m += MR) {
                 const int rows = mend - m < MR ? (int)(mend - m) : MR;
-                const int8_t *r[MR];
-                for (int i = 0; i < MR; i++) r[i] = a + (m + (i < rows ? i : 0)) * K;
-                __m256i acc0[2], acc1[2], acc2[2], acc3[2];
-                acc0[0] = acc0[1] = acc1[0] = acc1[1] = _mm256_setzero_si256();
-                acc2[0] = acc2[1] = acc3[0] = acc3[1] = _mm256_setzero_si256();
-                const int8_t *line = panel + 2 * 32 * h;
-                for (int64_t q = 0; q < kq; q++, line += 4 * NR) {
-                    const __m256i b0 = _mm256_loadu_si256((const __m256i *)line);
-                    const __m256i b1 = _mm256_loadu_si256((const __m256i *)(line + 32));
-                    __m256i x;
-                    if (q < kfull) {
-                        int32_t v;
-                        memcpy(&v, r[0] + 4 * q, 4); x = _mm256_set1_epi32(v); ROW_STEP(acc0, x);
-                        memcpy(&v, r[1] + 4 * q, 4); x = _mm256_set1_epi32(v); ROW_STEP(acc1, x);
-                        memcpy(&v, r[2] + 4 * q, 4); x = _mm256_set1_epi32(v); ROW_STEP(acc2, x);
-                        memcpy(&v, r[3] + 4 * q, 4); x = _mm256_set1_epi32(v); ROW_STEP(acc3, x);
-                    } else { /* the last, partial group of 4 k's */
-                        x = _mm256_set1_epi32(quad(r[0], q, K)); ROW_STEP(acc0, x);
-                        x = _mm256_set1_epi32(quad(r[1], q, K)); ROW_STEP(acc1, x);
-                        x = _mm256_set1_epi32(quad(r[2], q, K)); ROW_STEP(acc2, x);
-                        x = _mm256_set1_epi32(quad(r[3], q, K)); ROW_STEP(acc3, x);
-                    }
+                const int32_t *r[MR];
+                for (int i = 0; i < MR; i++) r[i] = wide + (m - mc + (i < rows ? i : 0)) * kp;
+                __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+                        c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+                const int8_t *line = panel;
+                for (int64_t p = 0; p < kp; p++, line += 2 * NP) {
+                    const __m256i b0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)line));
+                    const __m256i b1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(line + 16)));
+                    STEP(0); STEP(1); STEP(2); STEP(3); STEP(4); STEP(5);
                 }
                 float *yo = y + m * N;
-                store_row(acc0, ascale[m], wscale, bias, c0, cols, yo);
-                if (rows > 1) store_row(acc1, ascale[m + 1], wscale, bias, c0, cols, yo + N);
-                if (rows > 2) store_row(acc2, ascale[m + 2], wscale, bias, c0, cols, yo + 2 * N);
-                if (rows > 3) store_row(acc3, ascale[m + 3], wscale, bias, c0, cols, yo + 3 * N);
+                store_row(c00, c01, ascale[m], wscale, bias, n0, cols, yo);
+                if (rows > 1) store_row(c10, c11, ascale[m + 1], wscale, bias, n0, cols, yo + N);
+                if (rows > 2) store_row(c20, c21, ascale[m + 2], wscale, bias, n0, cols, yo + 2 * N);
+                if (rows > 3) store_row(c30, c31, ascale[m + 3], wscale, bias, n0, cols, yo + 3 * N);
+                if (rows > 4) store_row(c40, c41, ascale[m + 4], wscale, bias, n0, cols, yo + 4 * N);
+                if (rows > 5) store_row(c50, c51, ascale[m + 5], wscale, bias, n0, cols, yo + 5 * N);
             }
         }
     }
-    }
+    free(wide);
     return 0;
 }
 #else
