@@ -19,6 +19,8 @@ GLUE = {
     "stsb": ("stsb", "glue/STS-B/train.tsv", "glue/STS-B/dev.tsv", ("pearson", "spearman")),
     "cola": ("cola", "glue/CoLA/train.tsv", "glue/CoLA/dev.tsv", ("mcc",)),
     "sst2": ("sst2", "glue/SST-2/train.tsv", None, ("accuracy",)),
+    # not GLUE, the same protocol: NER against the Trainer with run_ner's recipe, valid.txt as the report set
+    "conll2003": ("conll2003", "conll2003/train.txt", "conll2003/valid.txt", ("f1",)),
 }
 BOOK_TASK = "book"  # the unseen task, trained as the generic text-classification task
 BOOK_METRICS = ("accuracy",)
@@ -71,6 +73,14 @@ def write_examples(path: Path, source: Path, examples: list[dict], header: bool)
     return write_lines(path, lines[0] if header else None, [lines[ex["line"] - 1] for ex in examples])
 
 
+def write_conll(path: Path, examples: list[dict]) -> Path:
+    """Sentences of a CoNLL-2003 file as CoNLL lines (word, two unused columns, tag), a blank line after each."""
+    lines = []
+    for ex in examples:
+        lines += [f"{w} _ _ {t}" for w, t in zip(ex["words"], ex["tags"])] + [""]
+    return write_lines(path, None, lines)
+
+
 def normalized(ex: dict) -> str:
     return " ".join(" ".join(ex["texts"]).split())
 
@@ -112,6 +122,10 @@ def prepare_glue(name: str, root: Path, out: Path, limit_train: int | None, limi
         return Prepared(name, attnlab_task, train_src, report_src, metrics, f"{name}: {train_rel}, dev {report_rel}")
     train = subset(task.read(train_src), limit_train)
     report = subset(task.read(report_src), limit_report)
+    if "words" in train[0]:  # CoNLL: an example is a block of lines
+        return Prepared(name, attnlab_task, write_conll(out / "train.txt", train), write_conll(out / "report.txt", report),
+                        metrics, f"{name}: {len(train)} sentences of {train_rel}, {len(report)} of {report_rel} "
+                        "(seeded subsets)")
     return Prepared(name, attnlab_task, write_examples(out / "train.tsv", train_src, train, task.header),
                     write_examples(out / "report.tsv", report_src, report, task.header), metrics,
                     f"{name}: {len(train)} of {train_rel}, {len(report)} of {report_rel} (seeded subsets)")

@@ -3,6 +3,9 @@ defaults of its run_glue example (AutoModelForSequenceClassification, lr 2e-5, b
 128, weight decay 0, no warmup, linear decay, seed set before the model is built, no evaluation during
 training, no checkpoints), then predictions on the report set, scored by the same metric code as attnlab's.
 
+For a CoNLL task (examples of words and tags) it runs run_ner's recipe instead (NER_RECIPE, token
+classification, the first piece of each word labelled).
+
     python benchmarks/_glue_trainer.py --task rte --train train.tsv --report dev.tsv --model-dir DIR \
         --seed 1 --threads 2 --padding dynamic --output DIR --result result.json
 
@@ -19,6 +22,41 @@ from pathlib import Path
 
 RECIPE = dict(learning_rate=2e-5, per_device_train_batch_size=32, num_train_epochs=3, max_seq_length=128,
               weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear")
+# run_ner's: TrainingArguments' own defaults (lr 5e-5, batch 8), 3 epochs, the tokenizer's length limit, only a
+# word's first piece labelled (label_all_tokens off), each batch padded to its longest
+NER_RECIPE = dict(learning_rate=5e-5, per_device_train_batch_size=8, num_train_epochs=3, max_seq_length=512,
+                  weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear")
+
+
+def encode_words(tok, examples: list[dict], label2id: dict) -> list[dict]:
+    """run_ner's tokenize_and_align_labels: words to pieces, the first piece of a word gets its tag, the rest
+    and the special tokens -100."""
+    enc = tok([ex["words"] for ex in examples], is_split_into_words=True, truncation=True,
+              max_length=NER_RECIPE["max_seq_length"])
+    rows = []
+    for i, ex in enumerate(examples):
+        previous, labels = None, []
+        for w in enc.word_ids(i):
+            labels.append(label2id[ex["tags"][w]] if w is not None and w != previous else -100)
+            previous = w
+        rows.append({**{k: enc[k][i] for k in enc.keys()}, "labels": labels})
+    return rows
+
+
+def word_tags(tok, examples: list[dict], logits, labels: list[str]) -> list[list[str]]:
+    """Each word's tag from its first piece's logits; words cut off by the length limit are "O"."""
+    import numpy as np
+    enc = tok([ex["words"] for ex in examples], is_split_into_words=True, truncation=True,
+              max_length=NER_RECIPE["max_seq_length"])
+    out = []
+    for i, ex in enumerate(examples):
+        tags, previous = ["O"] * len(ex["words"]), None
+        for j, w in enumerate(enc.word_ids(i)):
+            if w is not None and w != previous:
+                tags[w] = labels[int(np.argmax(logits[i][j]))]
+            previous = w
+        out.append(tags)
+    return out
 
 
 def encode(tok, examples: list[dict], label2id: dict | None, padding: str) -> list[dict]:
@@ -56,6 +94,8 @@ def main() -> None:
 
     task = get_task(args.task)
     train_ex, report_ex = task.read(args.train), task.read(args.report)
+    if "words" in train_ex[0]:
+        return token_classification(args, task, train_ex, report_ex)
     regression = bool(getattr(task, "regression", False))
     labels = None if regression else sorted({ex["label"] for ex in train_ex})
     label2id = None if labels is None else {name: i for i, name in enumerate(labels)}
@@ -92,6 +132,38 @@ def main() -> None:
         "predict_s": round(time.perf_counter() - start, 1), "train_examples": len(train_ex),
         "report_examples": len(report_ex), "steps": trainer.state.global_step, "padding": args.padding,
         "threads": torch.get_num_threads(), "transformers": tf.__version__, **RECIPE}))
+
+
+def token_classification(args, task, train_ex: list[dict], report_ex: list[dict]) -> None:
+    """run_ner's side: AutoModelForTokenClassification with NER_RECIPE, scored by attnlab's entity F1."""
+    import torch
+    import transformers as tf
+    labels = sorted({t for ex in train_ex for t in ex["tags"]})
+    label2id = {name: i for i, name in enumerate(labels)}
+    tf.set_seed(args.seed)
+    tok = tf.AutoTokenizer.from_pretrained(args.model_dir)
+    model = tf.AutoModelForTokenClassification.from_pretrained(
+        args.model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id=label2id)
+    targs = tf.TrainingArguments(
+        output_dir=args.output, seed=args.seed, learning_rate=NER_RECIPE["learning_rate"],
+        per_device_train_batch_size=NER_RECIPE["per_device_train_batch_size"],
+        num_train_epochs=NER_RECIPE["num_train_epochs"], weight_decay=NER_RECIPE["weight_decay"],
+        warmup_steps=NER_RECIPE["warmup_steps"], lr_scheduler_type=NER_RECIPE["lr_scheduler_type"],
+        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True)
+    trainer = tf.Trainer(model=model, args=targs, train_dataset=encode_words(tok, train_ex, label2id),
+                         data_collator=tf.DataCollatorForTokenClassification(tok))
+    trainer.train()
+    train_end = time.time()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime
+    start = time.perf_counter()
+    out = trainer.predict(encode_words(tok, report_ex, label2id))
+    metrics = task.score(report_ex, word_tags(tok, report_ex, out.predictions, labels))
+    Path(args.result).write_text(json.dumps({
+        "metrics": {k: round(v, 4) for k, v in metrics.items()}, "train_end": train_end, "cpu_s": round(cpu, 1),
+        "predict_s": round(time.perf_counter() - start, 1), "train_examples": len(train_ex),
+        "report_examples": len(report_ex), "steps": trainer.state.global_step, "padding": "dynamic",
+        "threads": torch.get_num_threads(), "transformers": tf.__version__, **NER_RECIPE}))
 
 
 if __name__ == "__main__":

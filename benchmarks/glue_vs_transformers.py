@@ -1,5 +1,6 @@
 """Every GLUE task here, and one task the defaults never saw: `attnlab finetune TASK` with its defaults against
-transformers' Trainer with its run_glue recipe, on the same model (all-MiniLM-L6-v2), side by side.
+transformers' Trainer with its run_glue recipe, on the same model (all-MiniLM-L6-v2), side by side. CoNLL-2003
+NER (task conll2003, valid.txt as the report set) runs the same way against the Trainer with run_ner's recipe.
 
 attnlab: `attnlab finetune TASK --model minilm --train TRAIN --output DIR --seed S --no-progress` (nothing else:
 its defaults choose the schedule, and it holds its own validation part out of TRAIN), then `attnlab evaluate
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import data_root, table  # noqa: E402
 from _glue_data import BOOK_TASK, GLUE, prepare  # noqa: E402
 
-TASKS = ("rte", "mrpc", "stsb", "cola", "sst2", BOOK_TASK)  # the small ones first
+TASKS = ("rte", "mrpc", "stsb", "cola", "sst2", BOOK_TASK, "conll2003")  # the small ones first
 TRAINER = Path(__file__).resolve().parent / "_glue_trainer.py"
 MODEL = "minilm"
 

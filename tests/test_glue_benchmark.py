@@ -146,3 +146,36 @@ def test_a_line_cut_by_a_kill_loses_only_its_own_run(tmp_path):
         fh.write('{"run": 2, "metr')  # killed while writing
     bench.append_line(results, '{"run": 3}')
     assert [r["run"] for r in bench.read_results(results)] == [1, 3]
+
+
+def test_conll_subsets_are_written_back_as_conll(tmp_path, data_dir):
+    from attnlab.tasks import get_task
+    task = get_task("conll2003")
+    full = task.read(data_dir / "conll2003" / "valid.txt")
+    chosen = gd.subset(full, 20)
+    back = task.read(gd.write_conll(tmp_path / "part.txt", chosen))
+    assert [(ex["words"], ex["tags"]) for ex in back] == [(ex["words"], ex["tags"]) for ex in chosen]
+
+
+def test_trainer_side_ner_labels_first_pieces_and_reads_tags_back(minilm):
+    """run_ner's alignment: a word's first piece carries its tag and the other pieces -100; reading logits
+    that put all weight on those labels gives every word its tag back, a word past the length limit "O"."""
+    import numpy as np
+    import transformers
+    import _glue_trainer as gt
+    tok = transformers.AutoTokenizer.from_pretrained(minilm)
+    examples = [{"words": ["Xylofrabblers", "beat", "Somerset", "."], "tags": ["B-ORG", "O", "B-ORG", "O"]},
+                {"words": ["Peter", "Blackburn"], "tags": ["B-PER", "I-PER"]}]
+    labels = ["B-ORG", "B-PER", "I-PER", "O"]
+    rows = gt.encode_words(tok, examples, {name: i for i, name in enumerate(labels)})
+    first = [r["labels"] for r in rows]
+    assert sum(x != -100 for x in first[0]) == 4 and len(first[0]) > 6  # "Xylofrabblers" is several pieces
+    width = max(len(r) for r in first)
+    logits = np.full((2, width, len(labels)), -1.0)
+    for i, row in enumerate(first):
+        for j, label in enumerate(row):
+            if label != -100:
+                logits[i, j, label] = 1.0
+    assert gt.word_tags(tok, examples, logits, labels) == [ex["tags"] for ex in examples]
+    long = [{"words": ["x"] * 600, "tags": ["B-PER"] * 600}]
+    assert gt.word_tags(tok, long, np.zeros((1, 512, 4)), labels)[0][-1] == "O"
