@@ -73,6 +73,16 @@ def encode(tok, examples: list[dict], label2id: dict | None, padding: str) -> li
     return rows
 
 
+def training_args(tf, args, recipe: dict):
+    """The recipe as TrainingArguments: no evaluation during training, no checkpoints, CPU."""
+    return tf.TrainingArguments(
+        output_dir=args.output, seed=args.seed, learning_rate=recipe["learning_rate"],
+        per_device_train_batch_size=recipe["per_device_train_batch_size"],
+        num_train_epochs=recipe["num_train_epochs"], weight_decay=recipe["weight_decay"],
+        warmup_steps=recipe["warmup_steps"], lr_scheduler_type=recipe["lr_scheduler_type"],
+        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", required=True, help="attnlab's task name, whose reader reads the files")
@@ -106,12 +116,7 @@ def main() -> None:
         args.model_dir, num_labels=1 if regression else len(labels),
         **({} if regression else dict(id2label=dict(enumerate(labels)), label2id=label2id)))
     collator = tf.default_data_collator if args.padding == "max" else tf.DataCollatorWithPadding(tok)
-    targs = tf.TrainingArguments(
-        output_dir=args.output, seed=args.seed, learning_rate=RECIPE["learning_rate"],
-        per_device_train_batch_size=RECIPE["per_device_train_batch_size"],
-        num_train_epochs=RECIPE["num_train_epochs"], weight_decay=RECIPE["weight_decay"],
-        warmup_steps=RECIPE["warmup_steps"], lr_scheduler_type=RECIPE["lr_scheduler_type"],
-        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True)
+    targs = training_args(tf, args, RECIPE)
     trainer = tf.Trainer(model=model, args=targs, train_dataset=encode(tok, train_ex, label2id, args.padding),
                          data_collator=collator)
     trainer.train()
@@ -144,12 +149,7 @@ def token_classification(args, task, train_ex: list[dict], report_ex: list[dict]
     tok = tf.AutoTokenizer.from_pretrained(args.model_dir)
     model = tf.AutoModelForTokenClassification.from_pretrained(
         args.model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id=label2id)
-    targs = tf.TrainingArguments(
-        output_dir=args.output, seed=args.seed, learning_rate=NER_RECIPE["learning_rate"],
-        per_device_train_batch_size=NER_RECIPE["per_device_train_batch_size"],
-        num_train_epochs=NER_RECIPE["num_train_epochs"], weight_decay=NER_RECIPE["weight_decay"],
-        warmup_steps=NER_RECIPE["warmup_steps"], lr_scheduler_type=NER_RECIPE["lr_scheduler_type"],
-        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True)
+    targs = training_args(tf, args, NER_RECIPE)
     trainer = tf.Trainer(model=model, args=targs, train_dataset=encode_words(tok, train_ex, label2id),
                          data_collator=tf.DataCollatorForTokenClassification(tok))
     trainer.train()
