@@ -28,33 +28,41 @@ NER_RECIPE = dict(learning_rate=5e-5, per_device_train_batch_size=8, num_train_e
                   weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear")
 
 
-def encode_words(tok, examples: list[dict], label2id: dict) -> list[dict]:
-    """run_ner's tokenize_and_align_labels: words to pieces, the first piece of a word gets its tag, the rest
-    and the special tokens -100."""
-    enc = tok([ex["words"] for ex in examples], is_split_into_words=True, truncation=True,
-              max_length=NER_RECIPE["max_seq_length"])
+def pieces(tok, examples: list[dict]):
+    """The examples' words as pieces, cut at run_ner's length limit (a BatchEncoding with word_ids)."""
+    return tok([ex["words"] for ex in examples], is_split_into_words=True, truncation=True,
+               max_length=NER_RECIPE["max_seq_length"])
+
+
+def first_pieces(word_ids: list[int | None]):
+    """(piece index, word index) of each word's first piece: the pieces run_ner labels (label_all_tokens off)."""
+    previous = None
+    for j, w in enumerate(word_ids):
+        if w is not None and w != previous:
+            yield j, w
+        previous = w
+
+
+def encode_words(enc, examples: list[dict], label2id: dict) -> list[dict]:
+    """run_ner's tokenize_and_align_labels on `pieces(tok, examples)`: the first piece of a word gets its tag,
+    the rest and the special tokens -100."""
     rows = []
     for i, ex in enumerate(examples):
-        previous, labels = None, []
-        for w in enc.word_ids(i):
-            labels.append(label2id[ex["tags"][w]] if w is not None and w != previous else -100)
-            previous = w
+        labels = [-100] * len(enc["input_ids"][i])
+        for j, w in first_pieces(enc.word_ids(i)):
+            labels[j] = label2id[ex["tags"][w]]
         rows.append({**{k: enc[k][i] for k in enc.keys()}, "labels": labels})
     return rows
 
 
-def word_tags(tok, examples: list[dict], logits, labels: list[str]) -> list[list[str]]:
+def word_tags(enc, examples: list[dict], logits, labels: list[str]) -> list[list[str]]:
     """Each word's tag from its first piece's logits; words cut off by the length limit are "O"."""
     import numpy as np
-    enc = tok([ex["words"] for ex in examples], is_split_into_words=True, truncation=True,
-              max_length=NER_RECIPE["max_seq_length"])
     out = []
     for i, ex in enumerate(examples):
-        tags, previous = ["O"] * len(ex["words"]), None
-        for j, w in enumerate(enc.word_ids(i)):
-            if w is not None and w != previous:
-                tags[w] = labels[int(np.argmax(logits[i][j]))]
-            previous = w
+        tags = ["O"] * len(ex["words"])
+        for j, w in first_pieces(enc.word_ids(i)):
+            tags[w] = labels[int(np.argmax(logits[i][j]))]
         out.append(tags)
     return out
 
@@ -81,6 +89,26 @@ def training_args(tf, args, recipe: dict):
         num_train_epochs=recipe["num_train_epochs"], weight_decay=recipe["weight_decay"],
         warmup_steps=recipe["warmup_steps"], lr_scheduler_type=recipe["lr_scheduler_type"],
         eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True)
+
+
+def write_result(args, trainer, metrics: dict, trained: tuple[float, float], predict_start: float, n_train: int,
+                 n_report: int, padding: str, recipe: dict) -> None:
+    """The result JSON the caller reads: metrics, `trained` = (time.time(), CPU seconds) when training ended
+    (`training_done()`), how long the predictions took, and the recipe."""
+    import torch
+    import transformers as tf
+    train_end, cpu = trained
+    Path(args.result).write_text(json.dumps({
+        "metrics": {k: round(v, 4) for k, v in metrics.items()}, "train_end": train_end,
+        "cpu_s": round(cpu, 1), "predict_s": round(time.perf_counter() - predict_start, 1),
+        "train_examples": n_train, "report_examples": n_report, "steps": trainer.state.global_step,
+        "padding": padding, "threads": torch.get_num_threads(), "transformers": tf.__version__, **recipe}))
+
+
+def training_done() -> tuple[float, float]:
+    """(wall clock, this process's CPU seconds) at the end of training."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.time(), usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -120,9 +148,7 @@ def main() -> None:
     trainer = tf.Trainer(model=model, args=targs, train_dataset=encode(tok, train_ex, label2id, args.padding),
                          data_collator=collator)
     trainer.train()
-    train_end = time.time()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = usage.ru_utime + usage.ru_stime
+    trained = training_done()
 
     start = time.perf_counter()
     out = trainer.predict(encode(tok, report_ex, label2id, args.padding))
@@ -132,16 +158,11 @@ def main() -> None:
     else:
         predictions = [labels[i] for i in np.argmax(logits, -1).tolist()]
     metrics = task.score(report_ex, predictions)
-    Path(args.result).write_text(json.dumps({
-        "metrics": {k: round(v, 4) for k, v in metrics.items()}, "train_end": train_end, "cpu_s": round(cpu, 1),
-        "predict_s": round(time.perf_counter() - start, 1), "train_examples": len(train_ex),
-        "report_examples": len(report_ex), "steps": trainer.state.global_step, "padding": args.padding,
-        "threads": torch.get_num_threads(), "transformers": tf.__version__, **RECIPE}))
+    write_result(args, trainer, metrics, trained, start, len(train_ex), len(report_ex), args.padding, RECIPE)
 
 
 def token_classification(args, task, train_ex: list[dict], report_ex: list[dict]) -> None:
     """run_ner's side: AutoModelForTokenClassification with NER_RECIPE, scored by attnlab's entity F1."""
-    import torch
     import transformers as tf
     labels = sorted({t for ex in train_ex for t in ex["tags"]})
     label2id = {name: i for i, name in enumerate(labels)}
@@ -150,20 +171,16 @@ def token_classification(args, task, train_ex: list[dict], report_ex: list[dict]
     model = tf.AutoModelForTokenClassification.from_pretrained(
         args.model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id=label2id)
     targs = training_args(tf, args, NER_RECIPE)
-    trainer = tf.Trainer(model=model, args=targs, train_dataset=encode_words(tok, train_ex, label2id),
+    trainer = tf.Trainer(model=model, args=targs,
+                         train_dataset=encode_words(pieces(tok, train_ex), train_ex, label2id),
                          data_collator=tf.DataCollatorForTokenClassification(tok))
     trainer.train()
-    train_end = time.time()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = usage.ru_utime + usage.ru_stime
+    trained = training_done()
     start = time.perf_counter()
-    out = trainer.predict(encode_words(tok, report_ex, label2id))
-    metrics = task.score(report_ex, word_tags(tok, report_ex, out.predictions, labels))
-    Path(args.result).write_text(json.dumps({
-        "metrics": {k: round(v, 4) for k, v in metrics.items()}, "train_end": train_end, "cpu_s": round(cpu, 1),
-        "predict_s": round(time.perf_counter() - start, 1), "train_examples": len(train_ex),
-        "report_examples": len(report_ex), "steps": trainer.state.global_step, "padding": "dynamic",
-        "threads": torch.get_num_threads(), "transformers": tf.__version__, **NER_RECIPE}))
+    report = pieces(tok, report_ex)  # tokenized once: the inputs, then which piece is each word's first
+    out = trainer.predict(encode_words(report, report_ex, label2id))
+    metrics = task.score(report_ex, word_tags(report, report_ex, out.predictions, labels))
+    write_result(args, trainer, metrics, trained, start, len(train_ex), len(report_ex), "dynamic", NER_RECIPE)
 
 
 if __name__ == "__main__":

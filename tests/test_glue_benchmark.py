@@ -167,7 +167,8 @@ def test_trainer_side_ner_labels_first_pieces_and_reads_tags_back(minilm):
     examples = [{"words": ["Xylofrabblers", "beat", "Somerset", "."], "tags": ["B-ORG", "O", "B-ORG", "O"]},
                 {"words": ["Peter", "Blackburn"], "tags": ["B-PER", "I-PER"]}]
     labels = ["B-ORG", "B-PER", "I-PER", "O"]
-    rows = gt.encode_words(tok, examples, {name: i for i, name in enumerate(labels)})
+    enc = gt.pieces(tok, examples)
+    rows = gt.encode_words(enc, examples, {name: i for i, name in enumerate(labels)})
     first = [r["labels"] for r in rows]
     assert sum(x != -100 for x in first[0]) == 4 and len(first[0]) > 6  # "Xylofrabblers" is several pieces
     width = max(len(r) for r in first)
@@ -176,6 +177,6 @@ def test_trainer_side_ner_labels_first_pieces_and_reads_tags_back(minilm):
         for j, label in enumerate(row):
             if label != -100:
                 logits[i, j, label] = 1.0
-    assert gt.word_tags(tok, examples, logits, labels) == [ex["tags"] for ex in examples]
+    assert gt.word_tags(enc, examples, logits, labels) == [ex["tags"] for ex in examples]
     long = [{"words": ["x"] * 600, "tags": ["B-PER"] * 600}]
-    assert gt.word_tags(tok, long, np.zeros((1, 512, 4)), labels)[0][-1] == "O"
+    assert gt.word_tags(gt.pieces(tok, long), long, np.zeros((1, 512, 4)), labels)[0][-1] == "O"
