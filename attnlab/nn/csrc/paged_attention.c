@@ -29,9 +29,139 @@
 #define AI static inline __attribute__((always_inline))
 #define CHUNK 64       /* keys per chunk: the scores of G heads x 64 keys stay in L1 */
 #define MAX_GD 4096    /* G x D floats of queries and accumulators on the stack (e.g. 16 heads of 256) */
+#define MAX_H 256      /* AVX2 path: at most this many query heads of a row taken together (>= MAX_GD / 16) ... */
+#define MAX_HD 16384   /* ... and at most this many of their floats (>= MAX_GD; 64 KB each of queries and sums) */
 
 #include "exp_poly.h"  /* e^x: exp(-inf) is never asked for */
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* AVX2 + FMA (Zen, Haswell and later): the same online softmax with the work laid out for the memory. A
+ * thread's items of one row are taken together, so each slot's keys (all its heads, contiguous in the pool)
+ * are read once and every query head of the row scores against them; the slots `PREFETCH_AHEAD` keys on are
+ * prefetched (a row's blocks lie anywhere in the pool, so the hardware's stream prefetcher loses the trail
+ * at each block edge). Serving SmolLM2 with 64 rows of ~300 keys on a 2-core AVX2 EPYC, the portable loops
+ * above took 17 ms a layer (1.6 GB/s): their 16-lane partial sums are added one by one (float addition is
+ * not reassociated without -ffast-math), and each (row, head) pass read every slot anew. */
+#define PREFETCH_AHEAD 6
+
+AI float hsum8(__m256 v) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+/* acc (D floats) += sum over the chunk's n keys of p[j] * v_j, NV vectors of 8 at a time held in registers */
+AI void add_values(float *acc, const float *p, const float *values, const int64_t *slots, int64_t n, int64_t stride,
+                   int64_t D, const int NV) {
+    for (int64_t d0 = 0; d0 < D; d0 += 8 * NV) {
+        __m256 a[8];
+        for (int i = 0; i < NV; i++) a[i] = _mm256_loadu_ps(acc + d0 + 8 * i);
+        for (int64_t j = 0; j < n; j++) {
+            const __m256 pj = _mm256_broadcast_ss(p + j);
+            const float *v = values + slots[j] * stride + d0;
+            for (int i = 0; i < NV; i++) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
+        }
+        for (int i = 0; i < NV; i++) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
+    }
+}
+
+AI void prefetch_slot(const float *keys, const float *values, int64_t at, int64_t bytes) {
+    const char *k = (const char *)(keys + at), *v = (const char *)(values + at);
+    for (int64_t o = 0; o < bytes; o += 64) {
+        _mm_prefetch(k + o, _MM_HINT_T0);
+        _mm_prefetch(v + o, _MM_HINT_T0);
+    }
+}
+
+int paged_decode_attention(const float *q, const float *keys, const float *values, int64_t S, int64_t B,
+                           int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots, const int64_t *offsets,
+                           int64_t N, float scale, float *out, int64_t start, int64_t end) {
+    if (Hk <= 0 || Hq % Hk || D <= 0 || D % 16 || (Hq / Hk) * D > MAX_GD || start < 0 || end > B * Hk)
+        return -1;  /* the door's checks failed to hold: read nothing */
+    const int64_t G = Hq / Hk, stride = Hk * D;
+    const int NV = D % 64 == 0 ? 8 : D % 32 == 0 ? 4 : 2;
+    /* key heads per pass: as many as fit the scratch; G <= MAX_GD / 16 <= MAX_H and G x D <= MAX_GD <= MAX_HD,
+     * so at least one */
+    const int64_t by_heads = MAX_H / G, by_floats = MAX_HD / (G * D);
+    const int64_t per_pass = by_heads < by_floats ? by_heads : by_floats;
+    float qs[MAX_HD], acc[MAX_HD], s[CHUNK * MAX_H], m[MAX_H], l[MAX_H];
+    for (int64_t item = start; item < end;) {
+        /* the items of one row in [start, end): key heads hk0 .. hk1 - 1, query heads h0 .. h0 + H - 1 */
+        const int64_t b = item / Hk, hk0 = item % Hk;
+        int64_t hk1 = (b + 1) * Hk <= end ? Hk : end - b * Hk;
+        hk1 = hk1 - hk0 > per_pass ? hk0 + per_pass : hk1;
+        const int64_t H = (hk1 - hk0) * G, h0 = hk0 * G;
+        item = b * Hk + hk1;
+        const int64_t n0 = offsets[b], n1 = offsets[b + 1];
+        if (n0 < 0 || n1 > N || n1 <= n0)
+            return -1;
+        for (int64_t j = n0; j < n1; j++)
+            if (slots[j] < 0 || slots[j] >= S)
+                return -1;
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (int64_t i = 0; i < H * D; i += 8)
+            _mm256_storeu_ps(qs + i, _mm256_mul_ps(_mm256_loadu_ps(q + (b * Hq + h0) * D + i), vs));
+        for (int64_t h = 0; h < H; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
+        memset(acc, 0, sizeof(float) * H * D);
+        const int64_t head_bytes = (hk1 - hk0) * D * 4, first = hk0 * D;
+        for (int64_t c0 = n0; c0 < n1; c0 += CHUNK) {
+            const int64_t n = n1 - c0 < CHUNK ? n1 - c0 : CHUNK;
+            for (int64_t j = 0; j < n; j++) {
+                if (c0 + j + PREFETCH_AHEAD < n1)
+                    prefetch_slot(keys, values, slots[c0 + j + PREFETCH_AHEAD] * stride + first, head_bytes);
+                const float *k = keys + slots[c0 + j] * stride + first;
+                for (int64_t h = 0; h < H; h++) {
+                    const float *kh = k + (h / G) * D, *qh = qs + h * D;
+                    __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kh));
+                    __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(qh + 8), _mm256_loadu_ps(kh + 8));
+                    for (int64_t d = 16; d < D; d += 16) {
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kh + d), a0);
+                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d + 8), _mm256_loadu_ps(kh + d + 8), a1);
+                    }
+                    s[h * CHUNK + j] = hsum8(_mm256_add_ps(a0, a1));
+                }
+            }
+            for (int64_t h = 0; h < H; h++) {
+                float *sh = s + h * CHUNK, mx = m[h];
+                for (int64_t j = 0; j < n; j++) mx = sh[j] > mx ? sh[j] : mx;
+                const float corr = m[h] == -INFINITY ? 0.0f : exp_poly(m[h] - mx);
+                const __m256 vmx = _mm256_set1_ps(mx);
+                __m256 vsum = _mm256_setzero_ps();
+                int64_t j = 0;
+                for (; j + 8 <= n; j += 8) {
+                    const __m256 e = exp_poly8(_mm256_sub_ps(_mm256_loadu_ps(sh + j), vmx));
+                    _mm256_storeu_ps(sh + j, e);
+                    vsum = _mm256_add_ps(vsum, e);
+                }
+                float sum = hsum8(vsum);
+                for (; j < n; j++) {
+                    sh[j] = exp_poly(sh[j] - mx);
+                    sum += sh[j];
+                }
+                l[h] = l[h] * corr + sum;
+                m[h] = mx;
+                if (corr != 1.0f) {
+                    const __m256 vc = _mm256_set1_ps(corr);
+                    for (int64_t d = 0; d < D; d += 8)
+                        _mm256_storeu_ps(acc + h * D + d, _mm256_mul_ps(_mm256_loadu_ps(acc + h * D + d), vc));
+                }
+                const float *vbase = values + first + (h / G) * D;
+                if (NV == 8) add_values(acc + h * D, sh, vbase, slots + c0, n, stride, D, 8);
+                else if (NV == 4) add_values(acc + h * D, sh, vbase, slots + c0, n, stride, D, 4);
+                else add_values(acc + h * D, sh, vbase, slots + c0, n, stride, D, 2);
+            }
+        }
+        for (int64_t h = 0; h < H; h++) {
+            float *o = out + (b * Hq + h0 + h) * D;
+            const __m256 inv = _mm256_set1_ps(1.0f / l[h]);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(acc + h * D + d), inv));
+        }
+    }
+    return 0;
+}
+#else
 /* sum of a[i] * b[i] over D (a multiple of 16): 16 partial sums, so the loop vectorizes */
 AI float dot16(const float *restrict a, const float *restrict b, int64_t D) {
     float acc[16] = {0};
@@ -102,3 +232,4 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
     }
     return 0;
 }
+#endif
