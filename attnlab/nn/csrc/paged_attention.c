@@ -19,8 +19,8 @@
  * kernel checks them again as it reads and returns -1 without writing past a bad one.
  *
  * Numbers: softmax(q k^T * scale) v as torch computes it, summed in another order (16 lanes wide, chunk
- * by chunk) and e^x from a Cephes polynomial (~1 ulp), so results differ from SDPA's by rounding. Portable
- * C: the loops are written so that `cc -O3 -march=native` vectorizes them.
+ * by chunk) and e^x from a Cephes polynomial (~1 ulp), so results differ from SDPA's by rounding. With AVX2
+ * and FMA the kernel is written in intrinsics (below, why); elsewhere portable C whose loops `cc -O3` vectorizes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -41,7 +41,7 @@
  * are read once and every query head of the row scores against them; the slots `PREFETCH_AHEAD` keys on are
  * prefetched (a row's blocks lie anywhere in the pool, so the hardware's stream prefetcher loses the trail
  * at each block edge). Serving SmolLM2 with 64 rows of ~300 keys on a 2-core AVX2 EPYC, the portable loops
- * above took 17 ms a layer (1.6 GB/s): their 16-lane partial sums are added one by one (float addition is
+ * (the #else branch) took 17 ms a layer (1.6 GB/s): their 16-lane partial sums are added one by one (float addition is
  * not reassociated without -ffast-math), and each (row, head) pass read every slot anew. */
 #define PREFETCH_AHEAD 6
 
