@@ -120,6 +120,29 @@ def test_c_checks_the_slots_again_as_it_reads():
     assert run(slots, torch.tensor([0, 3, 44])) == -1  # the last row's range runs past N
 
 
+@needs_kernel
+def test_the_portable_c_path_gives_the_same_numbers(tmp_path):
+    """The library takes the AVX2 path where the CPU has it; the portable loops (other CPUs) are built here
+    without -march and run on the same cases."""
+    import subprocess
+    cc = kernels.find_compiler()[0]
+    src = kernels._CSRC / "paged_attention.c"
+    so = tmp_path / "portable.so"
+    subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(src), "-lm"], check=True)
+    fn = ctypes.CDLL(str(so)).paged_decode_attention
+    for hq, hk, d in [(9, 3, 64), (2, 1, 48), (8, 2, 128)]:
+        q, keys, values, slots, offsets = case([1, 63, 65, 200], hq, hk, d)
+        out = torch.empty_like(q)
+        i64 = ctypes.c_int64
+        assert fn(ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(keys.data_ptr()), ctypes.c_void_p(values.data_ptr()),
+                  i64(keys.size(0)), i64(4), i64(hq), i64(hk), i64(d), ctypes.c_void_p(slots.data_ptr()),
+                  ctypes.c_void_p(offsets.data_ptr()), i64(slots.numel()), ctypes.c_float(d ** -0.5),
+                  ctypes.c_void_p(out.data_ptr()), i64(0), i64(4 * hk)) == 0
+        want = reference(q, keys, values, slots, offsets, d ** -0.5)
+        assert (out - want).abs().max().item() <= 1e-5
+        assert (out - paged_decode_attention(q, keys, values, slots, offsets, d ** -0.5)).abs().max().item() <= 1e-5
+
+
 def test_only_a_padding_mask_lets_the_step_read_the_pool_in_place():
     padding = torch.tensor([[0, 1, 1], [1, 1, 1]])
     decoding = lambda m: m.only_padding(decoding=True)[0]  # noqa: E731
