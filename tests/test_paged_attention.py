@@ -141,6 +141,13 @@ def test_the_portable_c_path_gives_the_same_numbers(tmp_path):
         want = reference(q, keys, values, slots, offsets, d ** -0.5)
         assert (out - want).abs().max().item() <= 1e-5
         assert (out - paged_decode_attention(q, keys, values, slots, offsets, d ** -0.5)).abs().max().item() <= 1e-5
+        k16, v16 = keys.half(), values.half()
+        assert ctypes.CDLL(str(so)).paged_decode_attention_f16(
+            ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k16.data_ptr()), ctypes.c_void_p(v16.data_ptr()),
+            i64(keys.size(0)), i64(4), i64(hq), i64(hk), i64(d), ctypes.c_void_p(slots.data_ptr()),
+            ctypes.c_void_p(offsets.data_ptr()), i64(slots.numel()), ctypes.c_float(d ** -0.5),
+            ctypes.c_void_p(out.data_ptr()), i64(0), i64(4 * hk)) == 0
+        assert (out - reference(q, k16.float(), v16.float(), slots, offsets, d ** -0.5)).abs().max().item() <= 1e-5
 
 
 def test_only_a_padding_mask_lets_the_step_read_the_pool_in_place():
@@ -196,3 +203,42 @@ def test_the_engine_decodes_through_it_with_the_numbers_of_gather_and_sdpa(monke
     monkeypatch.setattr(paged.PagedBatchCache, "decode_attention", lambda *a: None)
     slow = engine._forward(reqs)
     assert (fast - slow).abs().max().item() <= 1e-5
+
+
+@needs_kernel
+def test_an_fp16_pool_reads_the_rounded_keys_and_values():
+    """`paged_decode_attention_f16`: the same softmax attention over the pool's fp16 keys and values (widened
+    as they are read), on the library's path and on the portable C build."""
+    for hq, hk, d in [(9, 3, 64), (2, 1, 48), (128, 8, 256)]:
+        q, keys, values, slots, offsets = case([1, 63, 65, 300], hq, hk, d)
+        k16, v16 = keys.half(), values.half()
+        want = reference(q, k16.float(), v16.float(), slots, offsets, d ** -0.5)
+        got = paged_decode_attention(q, k16, v16, slots, offsets, d ** -0.5)
+        assert (got - want).abs().max().item() <= 1e-5
+    with pytest.raises(kernels.KernelArgumentError, match="argument keys: expected dtype torch.float16"):
+        kernels.call("paged_decode_attention_f16", q, keys, values, keys.size(0), 4, hq, hk, d, slots, offsets,
+                     slots.numel(), 0.25, torch.empty_like(q))
+
+
+@needs_kernel
+def test_the_engine_with_an_fp16_pool_stays_near_the_fp32_one():
+    """Engine(kv_dtype=torch.float16): half the pool's bytes; its decoding logits stay within fp16 rounding of
+    the fp32 pool's, through the in-place kernel and through gather + SDPA for the prompts."""
+    model = _gqa_decoder()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(6, 300, (n,), generator=g).tolist() for n in (3, 30, 11, 70)]
+    logits = {}
+    for dtype in (torch.float32, torch.float16):
+        engine = Engine(model, num_blocks=64, block_size=4, max_batch=8, kv_dtype=dtype)
+        assert engine.pool.keys[0].dtype == dtype
+        reqs = [engine.add_request(p, SamplingParams(max_new_tokens=4, ignore_eos=True)) for p in prompts]
+        engine.step()
+        engine.step()
+        for r in reqs:
+            assert engine.pool.ensure(r.table, len(r.tokens))
+        logits[dtype] = engine._forward(reqs)
+    assert engine.pool.keys[0].element_size() == 2
+    diff = (logits[torch.float16] - logits[torch.float32]).abs().max().item()
+    assert 0 < diff <= 2e-2 * logits[torch.float32].abs().max().item()
+    with pytest.raises(ValueError, match="compiled decode step"):
+        Engine(model, num_blocks=8, compile=True, kv_dtype=torch.float16)

@@ -85,6 +85,17 @@ def reference(model, tok, prompt: str, n: int) -> str:
     return tok.decode(out[:out.index(2)] if 2 in out else out)
 
 
+def complete_all(url: str, prompts: list[str], max_tokens) -> list:
+    """POST every prompt to /v1/completions at once (greedy); max_tokens: one for all or one per prompt."""
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+
+    async def go():
+        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+            return await asyncio.gather(*[client.post("/v1/completions", json={
+                "prompt": p, "max_tokens": n, "temperature": 0}) for p, n in zip(prompts, lengths)])
+    return asyncio.run(go())
+
+
 def events(response) -> list:
     out = []
     for line in response.iter_lines():
@@ -98,12 +109,8 @@ def test_64_concurrent_completions_equal_generating_alone(server, decoder, smol_
     prompts = [f"Request number {i} says" + " hello" * (i % 7) for i in range(64)]
     lengths = [3 + i % 6 for i in range(64)]
 
-    async def go():
-        async with httpx.AsyncClient(base_url=s.url, timeout=TIMEOUT) as client:
-            return await asyncio.gather(*[client.post("/v1/completions", json={
-                "prompt": p, "max_tokens": n, "temperature": 0}) for p, n in zip(prompts, lengths)])
     started = time.time()
-    responses = asyncio.run(go())
+    responses = complete_all(s.url, prompts, lengths)
     assert time.time() - started < 120
     assert [r.status_code for r in responses] == [200] * 64
     for r, p, n in zip(responses, prompts, lengths):
@@ -122,12 +129,7 @@ def test_compiled_decode_server_answers_like_generating_alone(decoder, smol_tok)
                           compile={"backend": "eager"}))
     try:
         prompts = [f"Compiled request {i}" + " again" * i for i in range(12)]
-
-        async def go():
-            async with httpx.AsyncClient(base_url=s.url, timeout=TIMEOUT) as client:
-                return await asyncio.gather(*[client.post("/v1/completions", json={
-                    "prompt": p, "max_tokens": 6, "temperature": 0}) for p in prompts])
-        for r, p in zip(asyncio.run(go()), prompts):
+        for r, p in zip(complete_all(s.url, prompts, 6), prompts):
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == reference(decoder, smol_tok, p, 6)
     finally:
         s.close()
@@ -371,3 +373,24 @@ def test_compile_tokens_sets_how_much_is_compiled_before_serving(decoder, smol_t
     for argv in (["serve", "smollm2", "--compile-tokens", "256"], ["serve", "smollm2", "--compile", "--compile-tokens", "0"]):
         with pytest.raises(SystemExit, match="--compile-tokens needs --compile"):
             run(build_parser().parse_args(argv))
+
+
+def test_kv_dtype_fp16_serves_from_a_half_size_pool(decoder, smol_tok):
+    from attnlab.cli import build_parser
+    from attnlab.cli.serve import run
+    assert build_parser().parse_args(["serve", "smollm2", "--kv-dtype", "fp16"]).kv_dtype == "fp16"
+    with pytest.raises(SystemExit, match="drop --kv-dtype fp16"):
+        run(build_parser().parse_args(["serve", "smollm2", "--compile", "--kv-dtype", "fp16"]))
+    with pytest.raises(ValueError, match="kv_dtype"):
+        Limits(kv_dtype="bf16")
+    app = create_app(decoder, smol_tok, limits=Limits(num_blocks=32, block_size=8, max_batch=4, kv_dtype="fp16"))
+    assert app.state.engine.pool.keys[0].dtype == torch.float16
+    s = Server(app)
+    try:
+        prompts = [f"Half-precision cache {i}" + " again" * i for i in range(6)]
+        for r in complete_all(s.url, prompts, 5):
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        m = httpx.get(s.url + "/metrics").json()
+        assert m["kv_blocks_free"] == m["kv_blocks_total"]
+    finally:
+        s.close()

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens prefilled per engine step (longer prompts go in chunks; default 2048)")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    p.add_argument("--kv-dtype", choices=("fp32", "fp16"), default=None,
+                   help="KV cache precision (default fp32; fp16 halves its memory and the bytes each step reads, "
+                        "rounding keys and values as llama.cpp's default cache does)")
     p.add_argument("--compile", action="store_true",
                    help="decoders: decode through torch.compile; contexts up to --compile-tokens compile "
                         "before the server starts, a longer one on first use (pausing decoding)")
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     from .paths import split_named
     if args.compile and args.dtype != "fp32":
         raise SystemExit("attnlab serve: --compile needs --dtype fp32")
+    if args.compile and args.kv_dtype == "fp16":
+        raise SystemExit("attnlab serve: --compile keeps the KV cache in the model's dtype; drop --kv-dtype fp16")
     if args.compile_tokens is not None and (not args.compile or args.compile_tokens < 1):
         raise SystemExit("attnlab serve: --compile-tokens needs --compile and a positive number of tokens")
     if args.max_prefill_tokens is not None and args.max_prefill_tokens < 1:
@@ -147,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     given = dict(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
                  max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                  max_batch=args.max_batch, max_prefill_tokens=args.max_prefill_tokens, num_blocks=args.kv_blocks,
-                 block_size=args.block_size)
+                 block_size=args.block_size, kv_dtype=args.kv_dtype)
     # options left out keep Limits' defaults (the parser leaves them None: its --help imports no server code)
     limits = Limits(**{k: v for k, v in given.items() if v is not None})
     app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile,

@@ -134,9 +134,12 @@ def prefill_groups(chunks: Sequence[int], waste: float = PAD_WASTE, slack: int =
 class Engine:
     def __init__(self, model, tokenizer=None, *, num_blocks: int = 256, block_size: int = 16,
                  max_batch: int = 32, max_waiting: int = 256, max_prefill_tokens: int = 2048,
-                 compile: bool | dict = False) -> None:
+                 compile: bool | dict = False, kv_dtype: torch.dtype | None = None) -> None:
         """compile: run decode steps through torch.compile (True, or a dict of `PagedDecoder` options such as
-        autotune=False). Each new (rows, width) bucket compiles for minutes on first use; see `warmup`."""
+        autotune=False). Each new (rows, width) bucket compiles for minutes on first use; see `warmup`.
+        kv_dtype: the KV pool's dtype (default the model's; torch.float16 halves it, see BlockPool.for_model)."""
+        if compile and kv_dtype not in (None, next(model.parameters()).dtype):
+            raise ValueError("a compiled decode step keeps the KV pool in the model's dtype: drop kv_dtype or compile")
         if not getattr(model.config, "causal", False) or not hasattr(model, "lm_head"):
             raise ValueError("the engine needs a causal LM (a decoder with an LM head)")
         self.model = model.eval()
@@ -145,7 +148,7 @@ class Engine:
             from .compiled import PagedDecoder
             self.decoder = PagedDecoder(model, **(compile if isinstance(compile, dict) else {}))
         self.tokenizer = tokenizer
-        self.pool = BlockPool.for_model(model, num_blocks, block_size)
+        self.pool = BlockPool.for_model(model, num_blocks, block_size, kv_dtype)
         # a model whose every layer attends within a sliding window (Mistral) keeps only each sequence's
         # recent blocks (paged.BlockPool.trim); one with global layers too keeps everything
         backbone, cfg = model.backbone, model.config

@@ -78,10 +78,13 @@ class BlockPool:
         self._lock = threading.Lock()  # the server reads num_free from another thread
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int = 16) -> "BlockPool":
+    def for_model(cls, model, num_blocks: int, block_size: int = 16, dtype: torch.dtype | None = None) -> "BlockPool":
+        """dtype: the keys' and values' (default: the model's parameters'); fp16 halves the pool's memory
+        and the bytes a decoding step reads, rounding each key and value to fp16 (as llama.cpp's default
+        cache does)."""
         cfg = model.config
         p = next(model.parameters())
-        return cls(cfg.num_layers, num_blocks, block_size, cfg.kv_heads, cfg.dim_head, p.dtype, p.device)
+        return cls(cfg.num_layers, num_blocks, block_size, cfg.kv_heads, cfg.dim_head, dtype or p.dtype, p.device)
 
     @property
     def num_free(self) -> int:
@@ -178,7 +181,7 @@ class PagedBatchCache:
             device = keys.device
             self._rows = (torch.tensor([s for h in held for s in h], dtype=torch.long, device=device),
                           torch.tensor(offsets, dtype=torch.long, device=device))
-        if not keys.is_contiguous() or keys.dtype != torch.float32 or q.dtype != torch.float32:
+        if not keys.is_contiguous() or keys.dtype not in (torch.float32, torch.float16) or q.dtype != torch.float32:
             return None
         if q.device.type != "cpu":
             return None
@@ -201,7 +204,7 @@ class PagedBatchCache:
         self._write(layer_idx, k, v)
         k_all = keys.index_select(0, self.read).view(b, self.k, h, d).transpose(1, 2)
         v_all = values.index_select(0, self.read).view(b, self.k, h, d).transpose(1, 2)
-        return k_all, v_all
+        return k_all.to(k.dtype), v_all.to(v.dtype)  # (a pool kept in fp16 is read back in the model's dtype)
 
     def commit(self) -> None:
         """After the forward pass: the new tokens are now part of each sequence's history."""

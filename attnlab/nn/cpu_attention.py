@@ -75,14 +75,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 def paged_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                            offsets: torch.Tensor, scale: float) -> torch.Tensor | None:
     """One decoding step's attention read in place from a paged KV pool (`csrc/paged_attention.c`): q
-    (B, Hq, 1, D) fp32; keys / values (S, Hk, D), the pool's slots; row b attends to the slots
+    (B, Hq, 1, D) fp32; keys / values (S, Hk, D) fp32 or fp16, the pool's slots; row b attends to the slots
     slots[offsets[b]:offsets[b + 1]] (int64). Returns (B, Hq, 1, D), or None when the case or the machine
     is not the kernel's (then gather the keys and use SDPA)."""
     if q.dim() != 4 or keys.dim() != 3:
         return None
     b, hq, t, d = q.shape
     s, hk = keys.size(0), keys.size(1)
-    if (t != 1 or not q.dtype == keys.dtype == values.dtype == torch.float32 or keys.shape != values.shape
+    if (t != 1 or q.dtype != torch.float32 or keys.dtype != values.dtype
+            or keys.dtype not in (torch.float32, torch.float16) or keys.shape != values.shape
             or keys.size(2) != d or d % 16 or hk == 0 or hq % hk or hq // hk * d > 4096
             or any(type(x) not in (torch.Tensor, torch.nn.Parameter) or x.device.type != "cpu"
                    for x in (q, keys, values, slots, offsets))
@@ -91,6 +92,7 @@ def paged_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
             or os.environ.get("ATTNLAB_FUSED") == "0" or not kernels.active("paged_attention")):
         return None
     out = torch.empty(b, hq, 1, d, dtype=torch.float32)
-    kernels.call("paged_decode_attention", q.contiguous(), keys, values, s, b, hq, hk, d, slots, offsets,
+    fn = "paged_decode_attention" if keys.dtype == torch.float32 else "paged_decode_attention_f16"
+    kernels.call(fn, q.contiguous(), keys, values, s, b, hq, hk, d, slots, offsets,
                  slots.numel(), float(scale), out)
     return out

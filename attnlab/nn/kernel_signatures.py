@@ -13,7 +13,8 @@ import ctypes
 
 import torch
 
-F32, BF16, I8, U8, I32, I64 = torch.float32, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64
+F32, BF16, F16, I8, U8, I32, I64 = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int32,
+                                    torch.int64)
 FLOAT_ROWS = (F32, BF16)
 BLOCK_BYTES = {2: 18, 3: 20, 8: 34}  # GGML type id -> bytes per block of 32 weights (Q4_0, Q4_1, Q8_0)
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) if hasattr(torch.nn, "Buffer") else \
@@ -82,6 +83,23 @@ _SAME = (lambda *names: (lambda a: all(a[n].dtype == a[names[0]].dtype for n in 
                          f"{', '.join(names)} of one dtype"))
 _FLAG = (lambda flag, t: (lambda a: a[flag] == int(a[t].dtype == BF16), f"{flag} == ({t} is bfloat16)"))
 
+def _paged(cache: torch.dtype) -> dict:
+    """paged_decode_attention's signature over a pool of `cache` elements (fp32, or fp16: --kv-dtype fp16)."""
+    return {
+        "args": [Buf("q", (F32,), lambda a: a["B"] * a["Hq"] * a["D"]),
+                 Buf("keys", (cache,), lambda a: a["S"] * a["Hk"] * a["D"]),
+                 Buf("values", (cache,), lambda a: a["S"] * a["Hk"] * a["D"]),
+                 Int("S"), Int("B"), Int("Hq"), Int("Hk"), Int("D"),
+                 Buf("slots", (I64,), lambda a: a["N"]), Buf("offsets", (I64,), lambda a: a["B"] + 1), Int("N"),
+                 Float("scale"), Buf("out", (F32,), lambda a: a["B"] * a["Hq"] * a["D"])],
+        "checks": [(lambda a: a["Hk"] > 0 and a["Hq"] % a["Hk"] == 0, "Hq a multiple of Hk"),
+                   (lambda a: 0 < a["D"] and a["D"] % 16 == 0 and a["Hq"] // a["Hk"] * a["D"] <= 4096,
+                    "D a multiple of 16 and (Hq / Hk) x D <= 4096"),
+                   (lambda a: _row_ranges(a["offsets"], a["N"]), "offsets rise from 0 to N, one slot or more a row"),
+                   (lambda a: _within(a["slots"], a["S"]), "every slot in [0, S)")],
+        "rows": lambda a: a["B"] * a["Hk"]}
+
+
 SIGNATURES: dict[str, dict] = {
     "ggml_exact": {"args": [Int32("on")], "status": False},
     "ggml_matmul": {"args": [Int32("kind"), Buf("x", (F32,), lambda a: a["M"] * a["K"]), Int("M"), Int("K"),
@@ -127,19 +145,8 @@ SIGNATURES: dict[str, dict] = {
                    (lambda a: 0 < a["Tk"] and a["D"] * ((a["Tk"] + 15) // 16 * 16) <= 16384,
                     "1 <= Tk and D x Tk (padded to 16) <= 16384")],
         "rows": lambda a: a["B"] * a["Hq"]},
-    "paged_decode_attention": {
-        "args": [Buf("q", (F32,), lambda a: a["B"] * a["Hq"] * a["D"]),
-                 Buf("keys", (F32,), lambda a: a["S"] * a["Hk"] * a["D"]),
-                 Buf("values", (F32,), lambda a: a["S"] * a["Hk"] * a["D"]),
-                 Int("S"), Int("B"), Int("Hq"), Int("Hk"), Int("D"),
-                 Buf("slots", (I64,), lambda a: a["N"]), Buf("offsets", (I64,), lambda a: a["B"] + 1), Int("N"),
-                 Float("scale"), Buf("out", (F32,), lambda a: a["B"] * a["Hq"] * a["D"])],
-        "checks": [(lambda a: a["Hk"] > 0 and a["Hq"] % a["Hk"] == 0, "Hq a multiple of Hk"),
-                   (lambda a: 0 < a["D"] and a["D"] % 16 == 0 and a["Hq"] // a["Hk"] * a["D"] <= 4096,
-                    "D a multiple of 16 and (Hq / Hk) x D <= 4096"),
-                   (lambda a: _row_ranges(a["offsets"], a["N"]), "offsets rise from 0 to N, one slot or more a row"),
-                   (lambda a: _within(a["slots"], a["S"]), "every slot in [0, S)")],
-        "rows": lambda a: a["B"] * a["Hk"]},
+    "paged_decode_attention": _paged(F32),
+    "paged_decode_attention_f16": _paged(F16),
     "silu_mul_rows": {"args": [Buf("gate", FLOAT_ROWS), Buf("up", FLOAT_ROWS, lambda a: a["gate"].numel()),
                                Buf("out", FLOAT_ROWS, lambda a: a["gate"].numel()), Int32("bf16")],
                       "checks": [_SAME("gate", "up", "out"), _FLAG("bf16", "gate")],

@@ -39,6 +39,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -67,8 +68,13 @@ class Limits:
     max_prefill_tokens: int = 2048   # prompt tokens per engine step (longer prompts are prefilled in chunks)
     num_blocks: int = 512            # KV pool size, in blocks of block_size tokens
     block_size: int = 16
+    kv_dtype: str = "fp32"           # KV pool: fp32 or fp16 (half the memory, keys and values rounded)
     max_texts: int = 256             # per embeddings/classify request
     max_viz_weights: int = 4_000_000  # attention weights on one /viz page (layers x heads x tokens^2)
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in ("fp32", "fp16"):
+            raise ValueError(f"Limits.kv_dtype: 'fp32' or 'fp16', got {self.kv_dtype!r}")
 
 
 class ApiError(Exception):
@@ -144,17 +150,18 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
         raise ValueError(f"adapter name {name!r} is the base model's name; pick another")
     metrics = Metrics()
     engine = None
+    kv_dtype = {"fp32": None, "fp16": torch.float16}[limits.kv_dtype]  # fp32: the model's own dtype
     if kind == "decoder":
         engine = Engine(model, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
                         max_batch=limits.max_batch, max_waiting=limits.max_queued,
-                        max_prefill_tokens=limits.max_prefill_tokens, compile=compile)
+                        max_prefill_tokens=limits.max_prefill_tokens, compile=compile, kv_dtype=kv_dtype)
         if compile:
             print("attnlab serve: compiling the decode step (once; a few minutes)...", file=sys.stderr, flush=True)
             engine.warmup(compile_tokens)
     # one engine per adapter: its own batch and KV pool (limits.num_blocks each), the base weights shared
     engines = {name: engine, **{n: Engine(m, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
                                           max_batch=limits.max_batch, max_waiting=limits.max_queued,
-                                          max_prefill_tokens=limits.max_prefill_tokens)
+                                          max_prefill_tokens=limits.max_prefill_tokens, kv_dtype=kv_dtype)
                                 for n, m in adapters.items()}} if engine is not None else {}
     # a text longer than the model's positions is refused, not truncated or crashed on
     max_embed_tokens = min(limits.max_input_tokens, model.config.max_position_embeddings)

@@ -33,8 +33,9 @@
 #define MAX_HD 16384   /* ... and at most this many of their floats (>= MAX_GD; 64 KB each of queries and sums) */
 
 #include "exp_poly.h"  /* e^x: exp(-inf) is never asked for */
+#include "half.h"      /* h2f (the portable path's fp16 cache) */
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 /* AVX2 + FMA (Zen, Haswell and later): the same online softmax with the work laid out for the memory. A
  * thread's items of one row are taken together, so each slot's keys (all its heads, contiguous in the pool)
@@ -51,32 +52,39 @@ AI float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
 }
 
-/* acc (D floats) += sum over the chunk's n keys of p[j] * v_j, NV vectors of 8 at a time held in registers */
-AI void add_values(float *acc, const float *p, const float *values, const int64_t *slots, int64_t n, int64_t stride,
-                   int64_t D, const int NV) {
+/* 8 cache elements from element `i` on, as floats: fp32 as they are, fp16 widened (F16C) */
+AI __m256 load8(const void *base, int64_t i, const int F16) {
+    return F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)))
+               : _mm256_loadu_ps((const float *)base + i);
+}
+
+/* acc (D floats) += sum over the chunk's n keys of p[j] * v_j (v_j at element slots[j] * stride + at of the
+ * values), NV vectors of 8 at a time held in registers */
+AI void add_values(float *acc, const float *p, const void *values, int64_t at, const int64_t *slots, int64_t n,
+                   int64_t stride, int64_t D, const int NV, const int F16) {
     for (int64_t d0 = 0; d0 < D; d0 += 8 * NV) {
         __m256 a[8];
         for (int i = 0; i < NV; i++) a[i] = _mm256_loadu_ps(acc + d0 + 8 * i);
         for (int64_t j = 0; j < n; j++) {
             const __m256 pj = _mm256_broadcast_ss(p + j);
-            const float *v = values + slots[j] * stride + d0;
-            for (int i = 0; i < NV; i++) a[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), a[i]);
+            const int64_t v = slots[j] * stride + at + d0;
+            for (int i = 0; i < NV; i++) a[i] = _mm256_fmadd_ps(pj, load8(values, v + 8 * i, F16), a[i]);
         }
         for (int i = 0; i < NV; i++) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
     }
 }
 
-AI void prefetch_slot(const float *keys, const float *values, int64_t at, int64_t bytes) {
-    const char *k = (const char *)(keys + at), *v = (const char *)(values + at);
+AI void prefetch_slot(const void *keys, const void *values, int64_t at, int64_t bytes, const int F16) {
+    const char *k = (const char *)keys + at * (F16 ? 2 : 4), *v = (const char *)values + at * (F16 ? 2 : 4);
     for (int64_t o = 0; o < bytes; o += 64) {
         _mm_prefetch(k + o, _MM_HINT_T0);
         _mm_prefetch(v + o, _MM_HINT_T0);
     }
 }
 
-int paged_decode_attention(const float *q, const float *keys, const float *values, int64_t S, int64_t B,
-                           int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots, const int64_t *offsets,
-                           int64_t N, float scale, float *out, int64_t start, int64_t end) {
+AI int attend(const float *q, const void *keys, const void *values, int64_t S, int64_t B, int64_t Hq, int64_t Hk,
+             int64_t D, const int64_t *slots, const int64_t *offsets, int64_t N, float scale, float *out,
+             int64_t start, int64_t end, const int F16) {
     if (Hk <= 0 || Hq % Hk || D <= 0 || D % 16 || (Hq / Hk) * D > MAX_GD || start < 0 || end > B * Hk)
         return -1;  /* the door's checks failed to hold: read nothing */
     const int64_t G = Hq / Hk, stride = Hk * D;
@@ -104,20 +112,21 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
             _mm256_storeu_ps(qs + i, _mm256_mul_ps(_mm256_loadu_ps(q + (b * Hq + h0) * D + i), vs));
         for (int64_t h = 0; h < H; h++) { m[h] = -INFINITY; l[h] = 0.0f; }
         memset(acc, 0, sizeof(float) * H * D);
-        const int64_t head_bytes = (hk1 - hk0) * D * 4, first = hk0 * D;
+        const int64_t head_bytes = (hk1 - hk0) * D * (F16 ? 2 : 4), first = hk0 * D;
         for (int64_t c0 = n0; c0 < n1; c0 += CHUNK) {
             const int64_t n = n1 - c0 < CHUNK ? n1 - c0 : CHUNK;
             for (int64_t j = 0; j < n; j++) {
                 if (c0 + j + PREFETCH_AHEAD < n1)
-                    prefetch_slot(keys, values, slots[c0 + j + PREFETCH_AHEAD] * stride + first, head_bytes);
-                const float *k = keys + slots[c0 + j] * stride + first;
+                    prefetch_slot(keys, values, slots[c0 + j + PREFETCH_AHEAD] * stride + first, head_bytes, F16);
+                const int64_t k = slots[c0 + j] * stride + first;
                 for (int64_t h = 0; h < H; h++) {
-                    const float *kh = k + (h / G) * D, *qh = qs + h * D;
-                    __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(qh), _mm256_loadu_ps(kh));
-                    __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(qh + 8), _mm256_loadu_ps(kh + 8));
+                    const int64_t kh = k + (h / G) * D;
+                    const float *qh = qs + h * D;
+                    __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(qh), load8(keys, kh, F16));
+                    __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(qh + 8), load8(keys, kh + 8, F16));
                     for (int64_t d = 16; d < D; d += 16) {
-                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kh + d), a0);
-                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d + 8), _mm256_loadu_ps(kh + d + 8), a1);
+                        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), load8(keys, kh + d, F16), a0);
+                        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d + 8), load8(keys, kh + d + 8, F16), a1);
                     }
                     s[h * CHUNK + j] = hsum8(_mm256_add_ps(a0, a1));
                 }
@@ -146,10 +155,10 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
                     for (int64_t d = 0; d < D; d += 8)
                         _mm256_storeu_ps(acc + h * D + d, _mm256_mul_ps(_mm256_loadu_ps(acc + h * D + d), vc));
                 }
-                const float *vbase = values + first + (h / G) * D;
-                if (NV == 8) add_values(acc + h * D, sh, vbase, slots + c0, n, stride, D, 8);
-                else if (NV == 4) add_values(acc + h * D, sh, vbase, slots + c0, n, stride, D, 4);
-                else add_values(acc + h * D, sh, vbase, slots + c0, n, stride, D, 2);
+                const int64_t at = first + (h / G) * D;
+                if (NV == 8) add_values(acc + h * D, sh, values, at, slots + c0, n, stride, D, 8, F16);
+                else if (NV == 4) add_values(acc + h * D, sh, values, at, slots + c0, n, stride, D, 4, F16);
+                else add_values(acc + h * D, sh, values, at, slots + c0, n, stride, D, 2, F16);
             }
         }
         for (int64_t h = 0; h < H; h++) {
@@ -161,6 +170,7 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
     }
     return 0;
 }
+
 #else
 /* sum of a[i] * b[i] over D (a multiple of 16): 16 partial sums, so the loop vectorizes */
 AI float dot16(const float *restrict a, const float *restrict b, int64_t D) {
@@ -172,14 +182,21 @@ AI float dot16(const float *restrict a, const float *restrict b, int64_t D) {
     return s;
 }
 
-int paged_decode_attention(const float *q, const float *keys, const float *values, int64_t S, int64_t B,
-                           int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots, const int64_t *offsets,
-                           int64_t N, float scale, float *out, int64_t start, int64_t end) {
+/* D cache elements from element `i` on as floats: fp32 in place, fp16 widened into `buf` */
+AI const float *row(const void *base, int64_t i, int64_t D, float *buf, const int F16) {
+    if (!F16) return (const float *)base + i;
+    for (int64_t d = 0; d < D; d++) buf[d] = h2f(((const uint16_t *)base)[i + d]);
+    return buf;
+}
+
+AI int attend(const float *q, const void *keys, const void *values, int64_t S, int64_t B, int64_t Hq, int64_t Hk,
+              int64_t D, const int64_t *slots, const int64_t *offsets, int64_t N, float scale, float *out,
+              int64_t start, int64_t end, const int F16) {
     if (Hk <= 0 || Hq % Hk || D <= 0 || D % 16 || (Hq / Hk) * D > MAX_GD || start < 0 || end > B * Hk)
         return -1;  /* the door's checks failed to hold: read nothing */
     const int64_t G = Hq / Hk;
     float qs[MAX_GD], acc[MAX_GD], s[CHUNK * (MAX_GD / 16)];
-    float m[MAX_GD / 16], l[MAX_GD / 16];
+    float m[MAX_GD / 16], l[MAX_GD / 16], buf[MAX_GD];
     for (int64_t item = start; item < end; item++) {
         const int64_t b = item / Hk, hk = item % Hk;
         const int64_t n0 = offsets[b], n1 = offsets[b + 1];
@@ -198,7 +215,7 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
                 const int64_t slot = slots[c0 + j];
                 if (slot < 0 || slot >= S)
                     return -1;
-                const float *k = keys + (slot * Hk + hk) * D;
+                const float *k = row(keys, (slot * Hk + hk) * D, D, buf, F16);
                 for (int64_t g = 0; g < G; g++) s[g * CHUNK + j] = dot16(qs + g * D, k, D);
             }
             for (int64_t g = 0; g < G; g++) {
@@ -216,7 +233,7 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
                     for (int64_t d = 0; d < D; d++) acc[g * D + d] *= corr;
             }
             for (int64_t j = 0; j < n; j++) {
-                const float *v = values + (slots[c0 + j] * Hk + hk) * D;
+                const float *v = row(values, (slots[c0 + j] * Hk + hk) * D, D, buf, F16);
                 for (int64_t g = 0; g < G; g++) {
                     const float p = s[g * CHUNK + j];
                     float *a = acc + g * D;
@@ -232,4 +249,17 @@ int paged_decode_attention(const float *q, const float *keys, const float *value
     }
     return 0;
 }
+
 #endif
+
+int paged_decode_attention(const float *q, const float *keys, const float *values, int64_t S, int64_t B,
+                           int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots, const int64_t *offsets,
+                           int64_t N, float scale, float *out, int64_t start, int64_t end) {
+    return attend(q, keys, values, S, B, Hq, Hk, D, slots, offsets, N, scale, out, start, end, 0);
+}
+
+int paged_decode_attention_f16(const float *q, const uint16_t *keys, const uint16_t *values, int64_t S, int64_t B,
+                               int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots, const int64_t *offsets,
+                               int64_t N, float scale, float *out, int64_t start, int64_t end) {
+    return attend(q, keys, values, S, B, Hq, Hk, D, slots, offsets, N, scale, out, start, end, 1);
+}
