@@ -59,7 +59,7 @@ def case(lengths, hq, hk, d, slots_in_pool=4096, seed=0, block=16):
 
 
 @needs_kernel
-# (128, 8, 256): more query heads than one pass of the AVX2 path holds (4 key heads of 16 at a time)
+# (128, 8, 256): more query heads than one pass of the AVX2 path holds (one key head of 16 at a time)
 @pytest.mark.parametrize("hq,hk,d", [(9, 3, 64), (4, 4, 16), (8, 2, 128), (32, 2, 128), (2, 1, 48), (128, 8, 256)])
 def test_equals_softmax_attention_over_the_gathered_slots(hq, hk, d):
     lengths = [1, 63, 64, 65, 129, 7, 300]  # one key, and either side of the kernel's 64-key chunks

@@ -30,7 +30,8 @@
 #define CHUNK 64       /* keys per chunk: the scores of G heads x 64 keys stay in L1 */
 #define MAX_GD 4096    /* G x D floats of queries and accumulators on the stack (e.g. 16 heads of 256) */
 #define MAX_H 256      /* AVX2 path: at most this many query heads of a row taken together (>= MAX_GD / 16) ... */
-#define MAX_HD 16384   /* ... and at most this many of their floats (>= MAX_GD; 64 KB each of queries and sums) */
+#define MAX_HD 4096    /* ... and at most this many of their floats (>= MAX_GD): the stack stays at the portable
+                        * path's ~96 KB, which fits the smallest thread stacks (musl's 128 KB) */
 
 #include "exp_poly.h"  /* e^x: exp(-inf) is never asked for */
 #include "half.h"      /* h2f (the portable path's fp16 cache) */
