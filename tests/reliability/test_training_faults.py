@@ -29,7 +29,7 @@ from _pretrain_utils import tiny_bert
 from test_trainer import _single_thread  # noqa: F401  (autouse: one intra-op thread, the machine is shared)
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_STEPS = 40
+MAX_STEPS = 24
 TIMING = ("tokens_per_s", "elapsed_s")
 
 
@@ -119,9 +119,10 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpu
     try:
         out = tmp_path / "killed"
         rng = random.Random(20240610)
-        targets = [6 * k + rng.randint(2, 5) for k in range(5)]  # kill k happens just after step ~targets[k]
+        # kill k happens just after step ~targets[k]: a fresh run, a resumed one, a resumed resumed one
+        targets = [6 * k + rng.randint(2, 5) for k in range(3)]
         for k, target in enumerate(targets):
-            in_save = k == 2  # this kill lands inside a checkpoint write: temporary complete, not yet renamed
+            in_save = k == 1  # this kill lands inside a checkpoint write: temporary complete, not yet renamed
             proc = launch(recipe, out, *(["--resume"] if k else []),
                           env={"ATTNLAB_TEST_CHECKPOINT_PAUSE": f"{target}:60"} if in_save else None)
             if in_save:
