@@ -195,3 +195,33 @@ def test_inductor_compiled_engine_matches_eager_engine():
     engine = Engine(model, num_blocks=64, block_size=4, max_batch=4, compile={"autotune": False})
     engine.warmup(40)  # the 40-token bucket is compiled here, not in the middle of the requests
     assert engine.generate(prompts, params) == want
+
+
+def test_admission_shortest_first_with_patience_and_fifo():
+    """A free row takes the shortest queued prompt; one that waited over `patience` goes first (oldest
+    first); "fifo" keeps arrival order; outputs do not depend on the order they ran in."""
+    model = model_for("gpt2")
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    prompts = [[7] * 12, [8] * 3, [9] * 7, [10] * 2]
+
+    def first_batch(admission, patience=60.0, age=None):
+        engine = Engine(model, num_blocks=64, block_size=4, max_batch=2, admission=admission, patience=patience)
+        reqs = [engine.add_request(p, params) for p in prompts]
+        if age is not None:
+            reqs[age].arrived -= 120.0  # as if queued two minutes ago
+        engine.step()
+        ran = [prompts.index(r.prompt) for r in engine.running]
+        while engine.has_work:
+            engine.step()
+        return ran, [r.output for r in reqs]
+
+    shortest, outs = first_batch("shortest")
+    assert shortest == [3, 1]  # 2 and 3 tokens, ahead of the 12 and 7 that came first
+    assert first_batch("fifo") == ([0, 1], outs)
+    assert first_batch("shortest", age=0)[0] == [0, 3]  # the long one waited too long: it goes first
+    assert first_batch("shortest", patience=0.0)[0] == [0, 1]  # no patience at all: arrival order
+    assert outs == [alone(model, p, 3, eos=None) for p in prompts]
+    with pytest.raises(ValueError, match="admission must be one of shortest, fifo"):
+        Engine(model, admission="lifo")
+    with pytest.raises(ValueError, match="patience"):
+        Engine(model, patience=-1)

@@ -383,8 +383,12 @@ def test_kv_dtype_fp16_serves_from_a_half_size_pool(decoder, smol_tok):
         run(build_parser().parse_args(["serve", "smollm2", "--compile", "--kv-dtype", "fp16"]))
     with pytest.raises(ValueError, match="kv_dtype"):
         Limits(kv_dtype="bf16")
-    app = create_app(decoder, smol_tok, limits=Limits(num_blocks=32, block_size=8, max_batch=4, kv_dtype="fp16"))
-    assert app.state.engine.pool.keys[0].dtype == torch.float16
+    assert build_parser().parse_args(["serve", "smollm2", "--admission", "fifo"]).admission == "fifo"
+    with pytest.raises(ValueError, match="admission"):
+        Limits(admission="lifo")
+    app = create_app(decoder, smol_tok, limits=Limits(num_blocks=32, block_size=8, max_batch=4, kv_dtype="fp16",
+                                                      admission="fifo"))
+    assert app.state.engine.pool.keys[0].dtype == torch.float16 and app.state.engine.admission == "fifo"
     s = Server(app)
     try:
         prompts = [f"Half-precision cache {i}" + " again" * i for i in range(6)]

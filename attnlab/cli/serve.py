@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=None, help="sequences decoded together")
     p.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
                    help="prompt tokens prefilled per engine step (longer prompts go in chunks; default 2048)")
+    p.add_argument("--admission", choices=("shortest", "fifo"), default=None,
+                   help="which queued request starts next: the shortest prompt (default; one queued over 10 s "
+                        "goes first) or the oldest")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     p.add_argument("--kv-dtype", choices=("fp32", "fp16"), default=None,
@@ -152,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     given = dict(max_input_tokens=args.max_input_tokens, max_new_tokens=args.max_new_tokens,
                  max_queued=args.max_queued, request_timeout=args.timeout, max_body_bytes=args.max_body_bytes,
                  max_batch=args.max_batch, max_prefill_tokens=args.max_prefill_tokens, num_blocks=args.kv_blocks,
-                 block_size=args.block_size, kv_dtype=args.kv_dtype)
+                 block_size=args.block_size, kv_dtype=args.kv_dtype, admission=args.admission)
     # options left out keep Limits' defaults (the parser leaves them None: its --help imports no server code)
     limits = Limits(**{k: v for k, v in given.items() if v is not None})
     app = create_app(model, tokenizer, name=args.name or str(args.model), limits=limits, compile=args.compile,

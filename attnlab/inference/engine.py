@@ -12,8 +12,10 @@ decoding sequence that is its last sampled token; for a newly admitted one it is
   2. give every running sequence room for its next token; when the pool is empty, preempt the most
      recently admitted sequence (blocks freed, sequence back at the head of the queue, recomputed later),
      which keeps the oldest requests moving;
-  3. continue the prompts admitted but not yet wholly cached, then admit waiting requests, oldest
-     first, while the batch has a free row, the prefill token budget (`max_prefill_tokens` per step) has
+  3. continue the prompts admitted but not yet wholly cached, then admit waiting requests (preempted
+     ones first; then, with admission="shortest", the default, the shortest prompt first unless one has
+     waited over `patience` seconds, which go oldest first; with "fifo", oldest first) while the batch
+     has a free row, the prefill token budget (`max_prefill_tokens` per step) has
      tokens left, and the pool has blocks for the whole prompt; otherwise they stay queued (a full pool
      queues, it never fails). A prompt longer than what is left of the budget is prefilled in chunks
      over several steps (sampled once its last chunk is in), so decode rows keep flowing between long
@@ -60,6 +62,7 @@ MIN_TEMPERATURE = 1e-5  # smaller temperatures decode greedily (the limit of sam
 MIN_ROWS = 8  # the smallest compiled decode batch (see Engine._decode_rows)
 PAD_WASTE = 1.25  # a prefill batch computes at most this many padded tokens per real one (see prefill_groups)
 PAD_SLACK = 64    # ... or this many padded tokens in all: a forward's fixed cost (reading every weight) is more
+ADMISSIONS = ("shortest", "fifo")
 
 
 class QueueFull(RuntimeError):
@@ -134,8 +137,14 @@ def prefill_groups(chunks: Sequence[int], waste: float = PAD_WASTE, slack: int =
 class Engine:
     def __init__(self, model, tokenizer=None, *, num_blocks: int = 256, block_size: int = 16,
                  max_batch: int = 32, max_waiting: int = 256, max_prefill_tokens: int = 2048,
-                 compile: bool | dict = False, kv_dtype: torch.dtype | None = None) -> None:
-        """compile: run decode steps through torch.compile (True, or a dict of `PagedDecoder` options such as
+                 compile: bool | dict = False, kv_dtype: torch.dtype | None = None,
+                 admission: str = "shortest", patience: float = 10.0) -> None:
+        """admission: which waiting request a free row takes. "shortest" (default): the shortest prompt,
+        so that a burst of requests gets most of its first tokens after the short prompts' prefill rather
+        than behind whichever long prompts came first (shortest job first minimises the mean wait); a
+        request that has waited more than `patience` seconds goes before any shorter one, oldest first, so
+        long prompts are never starved. "fifo": arrival order.
+        compile: run decode steps through torch.compile (True, or a dict of `PagedDecoder` options such as
         autotune=False). Each new (rows, width) bucket compiles for minutes on first use; see `warmup`.
         kv_dtype: the KV pool's dtype (default the model's; torch.float16 halves it, see BlockPool.for_model)."""
         if compile and kv_dtype not in (None, next(model.parameters()).dtype):
@@ -157,6 +166,11 @@ class Engine:
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be at least 1, got {max_prefill_tokens}")
         self.max_batch, self.max_waiting, self.max_prefill_tokens = max_batch, max_waiting, max_prefill_tokens
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, got {admission!r}")
+        if not patience >= 0:
+            raise ValueError(f"patience must be a number of seconds >= 0, got {patience}")
+        self.admission, self.patience = admission, patience
         self.context = model.config.max_position_embeddings
         eos = model.config.eos_token_id
         self.eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
@@ -295,16 +309,26 @@ class Engine:
         admitted: list[Request] = []
         with self._lock:
             while self.waiting and budget > 0 and len(self.running) + len(admitted) < self.max_batch:
-                req = self.waiting[0]
+                req = self._next_waiting()
                 n = len(req.tokens)
                 if not self.pool.ensure(req.table, n):
                     break  # the pool is full: it waits for blocks to come back
-                self.waiting.popleft()
+                self.waiting.remove(req)
                 req.chunk = _chunk(req, budget)
                 admitted.append(req)
                 budget -= req.chunk
         self.running += admitted
         return decode, prefill + admitted
+
+    def _next_waiting(self) -> Request:
+        """The waiting request to admit next (see `admission`). Preempted requests sit at the queue's head
+        and go first: they had been running, and their clients are mid-stream."""
+        head = self.waiting[0]
+        if self.admission == "fifo" or head.preemptions:
+            return head
+        overdue = time.perf_counter() - self.patience
+        return min(self.waiting, key=lambda r: (0, r.arrived, 0) if r.arrived < overdue
+                   else (1, len(r.tokens), r.arrived))
 
     # ------------------------------------------------------------------ one iteration
     @torch.inference_mode()

@@ -46,7 +46,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ..inference.engine import Engine, QueueFull
+from ..inference.engine import ADMISSIONS, Engine, QueueFull
 from ..inference.quantize import linear_precision
 from .auth import ApiKeyAuth, HostAllowlist, carries_key
 from .drain import Drain, DrainGate
@@ -69,12 +69,15 @@ class Limits:
     num_blocks: int = 512            # KV pool size, in blocks of block_size tokens
     block_size: int = 16
     kv_dtype: str = "fp32"           # KV pool: fp32 or fp16 (half the memory, keys and values rounded)
+    admission: str = "shortest"      # which queued request a free row takes: shortest prompt, or fifo
     max_texts: int = 256             # per embeddings/classify request
     max_viz_weights: int = 4_000_000  # attention weights on one /viz page (layers x heads x tokens^2)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in ("fp32", "fp16"):
             raise ValueError(f"Limits.kv_dtype: 'fp32' or 'fp16', got {self.kv_dtype!r}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"Limits.admission: one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
 
 
 class ApiError(Exception):
@@ -154,14 +157,16 @@ def create_app(model, tokenizer, *, name: str = "model", limits: Limits | None =
     if kind == "decoder":
         engine = Engine(model, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
                         max_batch=limits.max_batch, max_waiting=limits.max_queued,
-                        max_prefill_tokens=limits.max_prefill_tokens, compile=compile, kv_dtype=kv_dtype)
+                        max_prefill_tokens=limits.max_prefill_tokens, compile=compile, kv_dtype=kv_dtype,
+                        admission=limits.admission)
         if compile:
             print("attnlab serve: compiling the decode step (once; a few minutes)...", file=sys.stderr, flush=True)
             engine.warmup(compile_tokens)
     # one engine per adapter: its own batch and KV pool (limits.num_blocks each), the base weights shared
     engines = {name: engine, **{n: Engine(m, tokenizer, num_blocks=limits.num_blocks, block_size=limits.block_size,
                                           max_batch=limits.max_batch, max_waiting=limits.max_queued,
-                                          max_prefill_tokens=limits.max_prefill_tokens, kv_dtype=kv_dtype)
+                                          max_prefill_tokens=limits.max_prefill_tokens, kv_dtype=kv_dtype,
+                                          admission=limits.admission)
                                 for n, m in adapters.items()}} if engine is not None else {}
     # a text longer than the model's positions is refused, not truncated or crashed on
     max_embed_tokens = min(limits.max_input_tokens, model.config.max_position_embeddings)
