@@ -46,8 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefill-tokens", type=int, default=None, metavar="N",
                    help="prompt tokens prefilled per engine step (longer prompts go in chunks; default 2048)")
     p.add_argument("--admission", choices=("shortest", "fifo"), default=None,
-                   help="which queued request starts next: the shortest prompt (default; one queued over 10 s "
-                        "goes first) or the oldest")
+                   help="which queued request starts next: the shortest prompt (default; one that has waited "
+                        "long goes first) or the oldest")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV pool size in blocks")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     p.add_argument("--kv-dtype", choices=("fp32", "fp16"), default=None,
