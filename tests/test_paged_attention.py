@@ -128,7 +128,8 @@ def test_the_portable_c_path_gives_the_same_numbers(tmp_path):
     cc = kernels.find_compiler()[0]
     src = kernels._CSRC / "paged_attention.c"
     so = tmp_path / "portable.so"
-    subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(src), "-lm"], check=True)
+    subprocess.run([cc, "-O3", "-shared", "-fPIC", "-pthread", "-o", str(so), str(src),
+                    str(kernels._CSRC / "thread_pool.c"), "-lm"], check=True)
     fn = ctypes.CDLL(str(so)).paged_decode_attention
     for hq, hk, d in [(9, 3, 64), (2, 1, 48), (8, 2, 128)]:
         q, keys, values, slots, offsets = case([1, 63, 65, 200], hq, hk, d)

@@ -5,7 +5,8 @@ arguments) or `Strided` (any element strides with the last dimension contiguous,
 the others; the door passes the pointer and the strides of its first three dimensions, so C reads exactly
 the tensor's elements). `checks` are conditions on the arguments the C code assumes (a GQA group size, a
 block type, a tile that fits its stack buffer). `rows` says that the function works on a range [start, end)
-of rows (appended by the door, which splits the range over threads).
+of rows (appended by the door, which splits the range over threads); `parallel` names the C function that
+takes the same arguments and a thread count, and splits the range over csrc/thread_pool.c's workers.
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def _paged(cache: torch.dtype) -> dict:
                     "D a multiple of 16 and (Hq / Hk) x D <= 4096"),
                    (lambda a: _row_ranges(a["offsets"], a["N"]), "offsets rise from 0 to N, one slot or more a row"),
                    (lambda a: _within(a["slots"], a["S"]), "every slot in [0, S)")],
-        "rows": lambda a: a["B"] * a["Hk"]}
+        "rows": lambda a: a["B"] * a["Hk"],
+        "parallel": "paged_decode_attention" + ("_par" if cache == F32 else "_f16_par")}
 
 
 SIGNATURES: dict[str, dict] = {
@@ -108,7 +110,7 @@ SIGNATURES: dict[str, dict] = {
     "ggml_matmul_cols": {"args": [Int32("kind"), Buf("x", (F32,), lambda a: a["M"] * a["K"]), Int("M"), Int("K"),
                                   Buf("w", (U8,), lambda a: a["N"] * _rb(a)), Int("N"),
                                   Buf("out", (F32,), lambda a: a["M"] * a["N"])], "checks": [_KIND, _K32],
-                         "rows": lambda a: a["N"]},
+                         "rows": lambda a: a["N"], "parallel": "ggml_matmul_cols_par"},
     "ggml_matvec_step": {"args": [Int32("kind"), Buf("x", (F32,), lambda a: a["K"]), Int("K"),
                                   Buf("w", (U8,), lambda a: a["N"] * _rb(a)), Int("N"),
                                   Buf("out", (F32,), lambda a: a["N"])], "checks": [_KIND, _K32]},

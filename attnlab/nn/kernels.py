@@ -18,8 +18,10 @@ kernel's instructions (the PyTorch path is then the fastest correct one here, no
 Calls: `call(fn, *args)` checks each argument against the function's declared signature
 (`kernel_signatures.py`): CPU device, dtype, contiguity, shape and size, raising a ValueError that names the
 function, the argument, what was expected and what came; then it calls C (splitting row ranges over
-torch's threads where the function takes them) and raises if the C status is not 0. Tensors go in,
-pointers (and stride arrays) are derived here, so a caller cannot hand C a size that does not match.
+torch's thread count where the function takes them: in C, on csrc/thread_pool.c's workers, for the functions
+of a serving step, whose calls are too short for a hand-off between Python threads; on Python threads for
+the others) and raises if the C status is not 0. Tensors go in, pointers (and stride arrays) are derived
+here, so a caller cannot hand C a size that does not match.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from .kernel_signatures import KERNELS, SIGNATURES, KernelArgumentError, check_a
 __all__ = ["KERNELS", "KernelArgumentError", "active", "call", "kernel_status", "library", "split_rows"]
 
 _CSRC = Path(__file__).with_name("csrc")
-SOURCES = [_CSRC / f"{name}.c" for name in KERNELS]
+SOURCES = [_CSRC / f"{name}.c" for name in KERNELS] + [_CSRC / "thread_pool.c"]  # (the kernels' worker threads)
 SANITIZE_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
 _log = logging.getLogger("attnlab.kernels")
 _lock = threading.Lock()
@@ -93,7 +95,7 @@ def build_plan() -> dict:
     flags = ["-O3", "-march=native"] if flags_known else ["-O3"]
     if os.environ.get("ATTNLAB_KERNEL_SANITIZE") == "1":
         flags = [f for f in flags if f != "-O3"] + SANITIZE_FLAGS
-    flags += ["-shared", "-fPIC"]
+    flags += ["-shared", "-fPIC", "-pthread"]
     digest = hashlib.sha256()
     for path in [*SOURCES, *sorted(_CSRC.glob("*.h"))]:  # headers are included by the sources
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -120,6 +122,10 @@ def _build(plan: dict) -> ctypes.CDLL:
         func = getattr(lib, fn)
         func.argtypes = ctypes_args(sig)
         func.restype = ctypes.c_int
+        if "parallel" in sig:
+            par = getattr(lib, sig["parallel"])
+            par.argtypes = ctypes_args(sig) + [ctypes.c_int]  # (..., start, end, threads)
+            par.restype = ctypes.c_int
     # The one function called around the door: the batch-1 decode step takes a table of every layer's weight
     # and cache pointers, which inference/block_step.py builds from the modules and checks (it also checks
     # the status). Its types are still declared here, with the others.
@@ -207,7 +213,7 @@ def kernel_status() -> list[dict]:
         reason = _reason(name)
         if not reason:
             plan = _state["plan"]
-            reason = f"built with {plan['version']} ({' '.join(plan['flags'][:-2])})"
+            reason = f"built with {plan['version']} ({' '.join(plan['flags'][:-3])})"
             rows.append({"name": name, "active": True, "reason": reason})
         else:
             rows.append({"name": name, "active": False, "reason": reason})
@@ -251,6 +257,12 @@ def call(fn: str, *args, min_rows: int = 1) -> int:
         if sig.get("status", True) and rc:
             raise RuntimeError(f"C kernel function {fn} failed with status {rc}")
         return rc
+    if "parallel" in sig:  # split in C (csrc/thread_pool.c): no Python thread hand-off per call
+        threads = max(1, min(torch.get_num_threads(), rows // max(1, min_rows)))
+        rc = getattr(lib, sig["parallel"])(*values, 0, rows, threads)
+        if rc:
+            raise RuntimeError(f"C kernel function {fn} failed with status {rc}")
+        return 0
     failed: list[int] = []
     split_rows(lambda start, end: failed.append(cfunc(*values, start, end)), rows, min_rows)
     bad = [rc for rc in failed if rc]

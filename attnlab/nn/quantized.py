@@ -143,9 +143,11 @@ class BlockLinear(nn.Module):
             x2 = x2.to(torch.float32).contiguous()
         m = x2.size(0)
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        # output columns split over threads: a batch of rows is compute-bound and scales with them
+        # output columns split over threads (csrc/thread_pool.c): a batch of rows is compute-bound and scales
+        # with them; one row too (SmolLM2's 1536 x 576 Q4_1 matrix, one row, AVX2: 135 us on one thread, 72-91
+        # on two), given 64 weight rows a thread at least
         door.call("ggml_matmul_cols", self.kind, x2, m, self.in_features, self.blocks, self.out_features, out,
-                  min_rows=1 if m > 1 else self.out_features)
+                  min_rows=1 if m > 1 else 64)
         if self.bias is not None:
             out += self.bias
         out = out.view(*shape[:-1], self.out_features)

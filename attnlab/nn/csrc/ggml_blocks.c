@@ -14,6 +14,7 @@
  *
  * out (M, N) = x (M, K) @ W^T, W (N, K) given as N rows of K/32 blocks.
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
@@ -21,6 +22,7 @@
 #endif
 
 #include "half.h"  /* h2f */
+#include "thread_pool.h"
 
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
@@ -385,8 +387,8 @@ static int matmul_rows(int kind, const float *x, int64_t M, int64_t K, const uin
 }
 
 /* Output columns [start, end) of the product (weight rows start..end-1): the door splits N over threads, each
- * thread reading its own rows of W against all of x. Batches of many rows (a server's decode step) are
- * compute-bound, so they scale with threads; one row is bound by memory and gains little. */
+ * thread reading its own rows of W against all of x (ggml_matmul_cols_par below splits in C). Batches of many
+ * rows (a server's decode step) are compute-bound, so they scale with threads; one row does too, less. */
 int ggml_matmul_cols(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
                      int64_t start, int64_t end) {
     if (start < 0 || end > N || start > end || K % 32) return -1;
@@ -476,6 +478,32 @@ int ggml_matmul(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w
     return ggml_matmul_cols(kind, x, M, K, w, N, out, 0, N);
 }
 #endif
+
+/* ggml_matmul_cols with its columns [start, end) split over `parts` threads of thread_pool.c (the door's
+ * split, without a Python thread per part). */
+typedef struct {
+    int kind;
+    const float *x;
+    int64_t M, K;
+    const uint8_t *w;
+    int64_t N;
+    float *out;
+    atomic_int rc;
+} matmul_job;
+
+static void matmul_part(void *ctx, int64_t start, int64_t end) {
+    matmul_job *j = ctx;
+    const int rc = ggml_matmul_cols(j->kind, j->x, j->M, j->K, j->w, j->N, j->out, start, end);
+    if (rc) atomic_store(&j->rc, rc);
+}
+
+int ggml_matmul_cols_par(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
+                         int64_t start, int64_t end, int parts) {
+    if (start < 0 || end > N || start > end) return -1;
+    matmul_job j = {kind, x, M, K, w, N, out, 0};
+    pool_run(matmul_part, &j, start, end, parts);
+    return atomic_load(&j.rc);
+}
 
 /* fp32 -> bf16, rounding to nearest even as torch's cast does (finite inputs: d and m are fp16 values). */
 static inline uint16_t f2bf(float f) {

@@ -23,6 +23,7 @@
  * and FMA the kernel is written in intrinsics (below, why); elsewhere portable C whose loops `cc -O3` vectorizes.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -35,6 +36,7 @@
 
 #include "exp_poly.h"  /* e^x: exp(-inf) is never asked for */
 #include "half.h"      /* h2f (the portable path's fp16 cache) */
+#include "thread_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -263,4 +265,54 @@ int paged_decode_attention_f16(const float *q, const uint16_t *keys, const uint1
                                int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots, const int64_t *offsets,
                                int64_t N, float scale, float *out, int64_t start, int64_t end) {
     return attend(q, keys, values, S, B, Hq, Hk, D, slots, offsets, N, scale, out, start, end, 1);
+}
+
+/* The two entry points with their (row, key head) items [start, end) split over `parts` threads of
+ * thread_pool.c (the door's split, without a Python thread per part). */
+typedef struct {
+    const float *q;
+    const void *keys, *values;
+    int64_t S, B, Hq, Hk, D;
+    const int64_t *slots, *offsets;
+    int64_t N;
+    float scale;
+    float *out;
+    int f16;
+    atomic_int rc;
+} attend_job;
+
+/* one function per cache dtype, so that attend() is specialised (F16 a constant) as in the entry points */
+static void attend_part_f32(void *ctx, int64_t start, int64_t end) {
+    attend_job *j = ctx;
+    const int rc = attend(j->q, j->keys, j->values, j->S, j->B, j->Hq, j->Hk, j->D, j->slots, j->offsets, j->N,
+                          j->scale, j->out, start, end, 0);
+    if (rc) atomic_store(&j->rc, rc);
+}
+
+static void attend_part_f16(void *ctx, int64_t start, int64_t end) {
+    attend_job *j = ctx;
+    const int rc = attend(j->q, j->keys, j->values, j->S, j->B, j->Hq, j->Hk, j->D, j->slots, j->offsets, j->N,
+                          j->scale, j->out, start, end, 1);
+    if (rc) atomic_store(&j->rc, rc);
+}
+
+static int attend_par(attend_job *j, int64_t start, int64_t end, int parts) {
+    if (start < 0 || start > end || end > j->B * j->Hk) return -1;
+    pool_run(j->f16 ? attend_part_f16 : attend_part_f32, j, start, end, parts);
+    return atomic_load(&j->rc);
+}
+
+int paged_decode_attention_par(const float *q, const float *keys, const float *values, int64_t S, int64_t B,
+                               int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots, const int64_t *offsets,
+                               int64_t N, float scale, float *out, int64_t start, int64_t end, int parts) {
+    attend_job j = {q, keys, values, S, B, Hq, Hk, D, slots, offsets, N, scale, out, 0, 0};
+    return attend_par(&j, start, end, parts);
+}
+
+int paged_decode_attention_f16_par(const float *q, const uint16_t *keys, const uint16_t *values, int64_t S,
+                                   int64_t B, int64_t Hq, int64_t Hk, int64_t D, const int64_t *slots,
+                                   const int64_t *offsets, int64_t N, float scale, float *out, int64_t start,
+                                   int64_t end, int parts) {
+    attend_job j = {q, keys, values, S, B, Hq, Hk, D, slots, offsets, N, scale, out, 1, 0};
+    return attend_par(&j, start, end, parts);
 }
