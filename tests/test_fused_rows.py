@@ -49,6 +49,32 @@ def test_rms_norm_and_silu_gate_equal_torch(dtype, threads):
         torch.set_num_threads(old)
 
 
+def test_fp32_silu_gate_agrees_with_the_portable_loop(tmp_path):
+    """Where the CPU has AVX2 + FMA, fp32 rows take 8-lane intrinsics (gcc leaves the portable loop scalar).
+    Built here without -march (so without FMA: the last bit may move), the portable loop agrees to 2 ulp,
+    tail elements and e^x's clamp included."""
+    import ctypes
+    import subprocess
+    from attnlab.nn import kernels
+    cc = kernels.find_compiler()[0]
+    so = tmp_path / "portable.so"
+    subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(kernels._CSRC / "fused_rows.c"), "-lm"],
+                   check=True)
+    portable = ctypes.CDLL(str(so)).silu_mul_rows
+    gen = torch.Generator().manual_seed(3)
+    g = torch.randn(20_001, generator=gen) * 6  # (enough elements for fused.silu_mul to call C)
+    g[:6] = torch.tensor([-100.0, 100.0, 0.0, -0.0, -87.5, 88.5])
+    u = torch.randn(20_001, generator=gen)
+    want = torch.empty_like(g)
+    ptr = ctypes.c_void_p
+    assert portable(ptr(g.data_ptr()), ptr(u.data_ptr()), ptr(want.data_ptr()), 0, ctypes.c_int64(0),
+                    ctypes.c_int64(g.numel())) == 0
+    fused_out = fused.silu_mul(g, u)
+    assert fused_out is not None
+    torch.testing.assert_close(fused_out, want, rtol=2.5e-7, atol=1e-37)
+    assert torch.equal(fused_out[2:4], want[2:4]) and (want != 0).sum() > 19_990
+
+
 @pytest.mark.parametrize("batch_cos", [1, 3])
 def test_bf16_rope_equals_torch_bit_for_bit_on_a_strided_slice(batch_cos):
     b, h, t, d = 3, 4, 50, 64

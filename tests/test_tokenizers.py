@@ -100,12 +100,12 @@ def test_conll_joined_and_split_words_match_transformers(tok, hf, conll):
 
 
 def test_sst2_pairs_longest_first_and_padding_match_transformers(tok, hf, sst2):
-    first, second = sst2[:-1], sst2[1:]
+    first, second = sst2[:24_000], sst2[1:24_001]  # a third of the file: each pair tokenized twice
     ours = tok(first, second, max_length=32)
     theirs = hf(first, second, max_length=32, truncation="longest_first")
     assert_same(ours, theirs, ("input_ids", "token_type_ids"))
     lengths = list(map(len, ours["input_ids"]))
-    assert max(lengths) == 32 and sum(n == 32 for n in lengths) > 1000  # truncation really happened
+    assert max(lengths) == 32 and sum(n == 32 for n in lengths) > 300  # truncation really happened
     few_a, few_b = first[:8000], second[:8000]  # padding on a slice: the ids are already checked above
     assert_same(tok(few_a, few_b, max_length=32, padding="longest"),
                 hf(few_a, few_b, max_length=32, truncation=True, padding="longest"))

@@ -47,7 +47,29 @@ AI void silu_mul(const void *gate, const void *up, void *out, int bf16, int64_t 
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* fp32, 8 lanes: gcc leaves the loop above scalar ("control flow in loop": exp_poly's clamp), ~7 ns an
+ * element on a Zen 3 core, slower than torch's two passes. The same steps (exp_poly8 is exp_poly's), so the
+ * same numbers; the last few elements go through the loop above. */
+static void silu_mul_f32(const float *gate, const float *up, float *out, int64_t start, int64_t end) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t i = start;
+    for (; i + 8 <= end; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp_poly8(_mm256_sub_ps(zero, g))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    silu_mul(gate, up, out, 0, i, end);
+}
+#endif
+
 int silu_mul_rows(const void *gate, const void *up, void *out, int bf16, int64_t start, int64_t end) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (!bf16) {
+        silu_mul_f32(gate, up, out, start, end);
+        return 0;
+    }
+#endif
     if (bf16) silu_mul(gate, up, out, 1, start, end); else silu_mul(gate, up, out, 0, start, end);
     return 0;
 }
