@@ -107,7 +107,7 @@ def test_short_attention_equals_sdpa(b, hq, hk, tq, tk, d):
     for mask in (None, keep):
         out = short_attention(q, k, v, mask, d ** -0.5)
         if kernel_reason("short_attention"):
-            assert out is None  # no AVX-512 here: the caller falls back to torch
+            assert out is None  # neither AVX-512 nor AVX2 here: the caller falls back to torch
             continue
         torch.testing.assert_close(out, _sdpa(q, k, v, mask, d ** -0.5), rtol=1e-5, atol=1e-5)
 

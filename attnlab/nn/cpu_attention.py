@@ -2,9 +2,9 @@
 `F.scaled_dot_product_attention` (fp32 rounding, exp to ~1 ulp), for the case an encoder over sentences
 spends its attention time in: no gradient, fp32, key padding or no mask, at most `MAX_KEYS` keys.
 
-Measured on all-MiniLM-L6-v2 over 1,024 length-sorted SST-2/CoNLL sentences (one thread, AVX-512): the
-attention of the 6 layers took 320 ms in torch's flash kernel, whose per-head overhead dominates at
-T ~ 10-60; see the kernel's header for how one head is computed. Threads: the (batch, head) pairs are split
+Measured on all-MiniLM-L6-v2 over 1,024 length-sorted SST-2/CoNLL sentences (one thread): the attention of
+the 6 layers took 320 ms (AVX-512) and 490 ms (AVX2, Zen 3) in torch's flash kernel, whose per-head overhead
+dominates at T ~ 10-60; see the kernel's header for how one head is computed (AVX-512, or AVX2 + FMA). Threads: the (batch, head) pairs are split
 over torch's intra-op thread count (ctypes releases the GIL while a call runs).
 """
 from __future__ import annotations
