@@ -19,6 +19,29 @@
  */
 #include <math.h>
 #include <stdint.h>
+
+#define QB 8          /* queries at a time: 8 independent FMA chains hide the FMA latency, and each key
+                         tile load serves 8 queries */
+#define MAX_TILE 16384 /* D x padded Tk floats of transposed keys: 64 KB of stack */
+
+/* The door's checks (nn/kernel_signatures.py) held again: when they fail, read nothing. */
+static inline int bad_args(int64_t B, int64_t Hq, int64_t Hk, int64_t Tk, int64_t D, int64_t start, int64_t end) {
+    return Hk <= 0 || Hq % Hk || D <= 0 || D % 16 || D > 128 || Tk <= 0
+           || D * ((Tk + 15) & ~(int64_t)15) > MAX_TILE || start < 0 || end > B * Hq;
+}
+
+/* (batch, head) bh: its queries and values, and its keys transposed into kt (D x tp, zero past Tk) */
+static inline void load_head(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
+                      const int64_t *vs, int64_t bh, int64_t Hq, int64_t Hk, int64_t Tk, int64_t tp, int64_t D,
+                      const float **qb, const float **vb, float *kt) {
+    const int64_t b = bh / Hq, h = bh % Hq, hk = h / (Hq / Hk);
+    const float *kb = k + b * ks[0] + hk * ks[1];
+    *qb = q + b * qs[0] + h * qs[1];
+    *vb = v + b * vs[0] + hk * vs[1];
+    for (int64_t j = 0; j < tp; j++)
+        for (int64_t c = 0; c < D; c++) kt[c * tp + j] = j < Tk ? kb[j * ks[2] + c] : 0.0f;
+}
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -26,27 +49,18 @@ int short_attention_supported(void) { return 1; }
 
 #include "exp512.h"
 
-#define QB 8          /* queries at a time: 8 independent FMA chains hide the FMA latency, and each key
-                         tile load serves 8 queries */
-#define MAX_TILE 16384 /* D x padded Tk floats of transposed keys: 64 KB of stack */
-
 int short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
                      const int64_t *vs, int64_t B, int64_t Hq, int64_t Hk, int64_t Tq, int64_t Tk, int64_t D,
                      const uint8_t *keep, float scale, float *out, int64_t start, int64_t end) {
-    if (Hk <= 0 || Hq % Hk || D <= 0 || D % 16 || D > 128 || Tk <= 0 || D * ((Tk + 15) & ~(int64_t)15) > MAX_TILE
-        || start < 0 || end > B * Hq)
-        return -1;  /* the caller's checks failed to hold: read nothing */
-    const int64_t tp = (Tk + 15) & ~(int64_t)15, chunks = tp / 16, dc = D / 16, group = Hq / Hk;
+    if (bad_args(B, Hq, Hk, Tk, D, start, end)) return -1;
+    const int64_t tp = (Tk + 15) & ~(int64_t)15, chunks = tp / 16, dc = D / 16;
     float kt[MAX_TILE];
     float s[QB][MAX_TILE / 16];
     __mmask16 valid[MAX_TILE / 256];
     for (int64_t bh = start; bh < end; bh++) {
-        const int64_t b = bh / Hq, h = bh % Hq, hk = h / group;
-        const float *qb = q + b * qs[0] + h * qs[1];
-        const float *kb = k + b * ks[0] + hk * ks[1];
-        const float *vb = v + b * vs[0] + hk * vs[1];
-        for (int64_t j = 0; j < tp; j++)
-            for (int64_t c = 0; c < D; c++) kt[c * tp + j] = j < Tk ? kb[j * ks[2] + c] : 0.0f;
+        const int64_t b = bh / Hq, h = bh % Hq;
+        const float *qb, *vb;
+        load_head(q, qs, k, ks, v, vs, bh, Hq, Hk, Tk, tp, D, &qb, &vb, kt);
         for (int64_t jc = 0; jc < chunks; jc++) {
             __mmask16 m = 0;
             for (int64_t t = 0; t < 16; t++) {
@@ -112,9 +126,6 @@ int short_attention_supported(void) { return 1; }
 #define AI static inline __attribute__((always_inline))
 #include "exp_poly.h"
 
-#define QB 8
-#define MAX_TILE 16384
-
 AI float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -132,10 +143,8 @@ AI float hsum8(__m256 v) {
 int short_attention(const float *q, const int64_t *qs, const float *k, const int64_t *ks, const float *v,
                      const int64_t *vs, int64_t B, int64_t Hq, int64_t Hk, int64_t Tq, int64_t Tk, int64_t D,
                      const uint8_t *keep, float scale, float *out, int64_t start, int64_t end) {
-    if (Hk <= 0 || Hq % Hk || D <= 0 || D % 16 || D > 128 || Tk <= 0 || D * ((Tk + 15) & ~(int64_t)15) > MAX_TILE
-        || start < 0 || end > B * Hq)
-        return -1;  /* the caller's checks failed to hold: read nothing */
-    const int64_t tp = (Tk + 15) & ~(int64_t)15, chunks = tp / 8, dc = D / 8, group = Hq / Hk;
+    if (bad_args(B, Hq, Hk, Tk, D, start, end)) return -1;
+    const int64_t tp = (Tk + 15) & ~(int64_t)15, chunks = tp / 8, dc = D / 8;
     float kt[MAX_TILE];
     float s[QB][MAX_TILE / 16];
     float valid[MAX_TILE / 16];
@@ -143,12 +152,9 @@ int short_attention(const float *q, const int64_t *qs, const float *k, const int
     float all;
     memcpy(&all, &ones, 4);
     for (int64_t bh = start; bh < end; bh++) {
-        const int64_t b = bh / Hq, h = bh % Hq, hk = h / group;
-        const float *qb = q + b * qs[0] + h * qs[1];
-        const float *kb = k + b * ks[0] + hk * ks[1];
-        const float *vb = v + b * vs[0] + hk * vs[1];
-        for (int64_t j = 0; j < tp; j++)
-            for (int64_t c = 0; c < D; c++) kt[c * tp + j] = j < Tk ? kb[j * ks[2] + c] : 0.0f;
+        const int64_t b = bh / Hq, h = bh % Hq;
+        const float *qb, *vb;
+        load_head(q, qs, k, ks, v, vs, bh, Hq, Hk, Tk, tp, D, &qb, &vb, kt);
         for (int64_t j = 0; j < tp; j++) valid[j] = j < Tk && (!keep || keep[b * Tk + j]) ? all : 0.0f;
         const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
         for (int64_t i0 = 0; i0 < Tq; i0 += QB) {
