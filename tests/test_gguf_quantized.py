@@ -156,14 +156,15 @@ def test_bad_blocks_and_ids_are_named():
         emb(torch.tensor([4]))
 
 
-def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
-    from test_gguf import tiny_llama, write_gguf
+def write_tiny_quantized(path):
+    """A tiny LLaMA GGUF with every matrix quantized, each of Q4_0, Q4_1 and Q8_0 somewhere (the embedding
+    Q8_0), Q/K permuted as llama.cpp's converter does. Returns the path."""
+    from test_gguf import llama_cpp_permute, tiny_llama, write_gguf
     hf, cfg = tiny_llama()
     sd = hf.state_dict()
-    raw = {}  # every matrix quantized, each type somewhere; llama.cpp's converter permutes Q/K first
+    raw = {}
     kinds = {"q_proj": "Q4_0", "k_proj": "Q4_1", "v_proj": "Q8_0", "o_proj": "Q4_1", "gate_proj": "Q4_0",
              "up_proj": "Q4_1", "down_proj": "Q4_1"}
-    from test_gguf import llama_cpp_permute
     for key, value in sd.items():
         arr = value.numpy()
         if key == "model.embed_tokens.weight":
@@ -179,7 +180,12 @@ def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
                 arr = llama_cpp_permute(arr, cfg.num_attention_heads if proj == "q_proj" else cfg.num_key_value_heads)
             kind = gguf.GGMLQuantizationType[kinds[proj]]
             raw[f"blk.{i}.{name}.weight"] = (quantize(arr, kind), kind)
-    write_gguf(tmp_path / "tiny.gguf", sd, cfg, raw=raw)
+    write_gguf(path, sd, cfg, raw=raw)
+    return path
+
+
+def test_tiny_quantized_gguf_decodes_like_the_dequantized_file(tmp_path):
+    write_tiny_quantized(tmp_path / "tiny.gguf")
     fp32 = attnlab.load(tmp_path / "tiny.gguf")
     quant = attnlab.load(tmp_path / "tiny.gguf", quantized=True)
     assert isinstance(quant.backbone.layers[0].attn.q, q.BlockLinear)

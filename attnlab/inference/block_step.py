@@ -7,6 +7,9 @@ output projection, SwiGLU, residuals, all 30 layers of SmolLM2 in one call. A de
 operations; from Python each costs a few microseconds of dispatch, more than its arithmetic, which is
 what keeps an eager PyTorch decoder far from llama.cpp on a CPU without a compiler. The C step computes
 the same fp32 math as the modules (the KV cache is shared with them), so the two agree to rounding.
+
+`PagedBlockSteps` is the serving engine's counterpart: B decode rows over the paged KV pool, every layer in
+one call to `paged_decode_layers` (nn/csrc/paged_step.c).
 """
 from __future__ import annotations
 
@@ -47,6 +50,28 @@ def supported(model) -> bool:
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
+def _layer_table(model, keys: list[torch.Tensor], values: list[torch.Tensor]):
+    """(tensors to keep alive, 11 pointers a layer, 7 block kinds a layer) in the order the C steps read them:
+    attn_norm, ffn_norm, the blocks of q, k, v, o, gate, up, down, then the layer's keys and values."""
+    keep, ptrs, kinds = [], [], []
+    for i, layer in enumerate(model.backbone.layers):
+        ptrs += [layer.attn_norm.weight.data_ptr(), layer.ffn_norm.weight.data_ptr()]
+        for n in _PROJ:
+            mod = layer.get_submodule(n)
+            ptrs.append(mod.blocks.data_ptr())
+            kinds.append(mod.kind)
+        ptrs += [keys[i].data_ptr(), values[i].data_ptr()]
+        keep += [keys[i], values[i], layer.attn_norm.weight, layer.ffn_norm.weight]
+    return keep, (ctypes.c_void_p * len(ptrs))(*ptrs), (ctypes.c_int * len(kinds))(*kinds)
+
+
+def _rope_tables(model, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (capacity, head_dim) of every position, as RotaryEmbedding computes them."""
+    angles = torch.arange(capacity, dtype=torch.float32)[:, None] * model.backbone.rope.inv_freq
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().contiguous(), emb.sin().contiguous()
+
+
 class BlockSteps:
     """The `_EagerSteps` protocol (next-token logits (1, V) per call) for a `supported` model at batch 1."""
 
@@ -57,33 +82,20 @@ class BlockSteps:
 
     def _bind(self) -> bool:
         """Pointers to every layer's weights and cache buffers, once the prefill has allocated the cache."""
-        keep, ptrs, kinds = [], [], []
         for i, layer in enumerate(self.model.backbone.layers):
-            kc, vc = self.cache.keys[i], self.cache.values[i]
+            kc = self.cache.keys[i]
             if kc is None or not kc.is_contiguous() or kc.dtype != torch.float32 or kc.size(2) < self.max_length:
                 return False
             if kc.device.type != "cpu" or any(layer.get_submodule(n).blocks.device.type != "cpu" for n in _PROJ):
                 return False  # C reads host memory only: any other device takes the model's own step
-            ptrs += [layer.attn_norm.weight.data_ptr(), layer.ffn_norm.weight.data_ptr()]
-            for n in _PROJ:
-                mod = layer.get_submodule(n)
-                ptrs.append(mod.blocks.data_ptr())
-                kinds.append(mod.kind)
-            ptrs += [kc.data_ptr(), vc.data_ptr()]
-            keep += [kc, vc, layer.attn_norm.weight, layer.ffn_norm.weight]
         cfg = self.cfg
-        self.keep = keep
-        self.ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        self.kinds = (ctypes.c_int * len(kinds))(*kinds)
+        self.keep, self.ptrs, self.kinds = _layer_table(self.model, self.cache.keys, self.cache.values)
         self.capacity = self.cache.keys[0].size(2)
         self.x = torch.empty(cfg.hidden_size)
         self.scratch = torch.empty(2 * cfg.hidden_size + 2 * (cfg.num_heads + cfg.kv_heads) * cfg.dim_head
                                    + self.capacity + 2 * cfg.intermediate_size)
         self.scale = cfg.attention_scale if cfg.attention_scale is not None else 1.0 / math.sqrt(cfg.dim_head)
-        inv = self.model.backbone.rope.inv_freq
-        angles = torch.arange(self.capacity, dtype=torch.float32)[:, None] * inv  # as RotaryEmbedding does
-        emb = torch.cat((angles, angles), dim=-1)
-        self.cos, self.sin = emb.cos().contiguous(), emb.sin().contiguous()
+        self.cos, self.sin = _rope_tables(self.model, self.capacity)
         return True
 
     def __call__(self, step_input: torch.Tensor) -> torch.Tensor:
@@ -99,3 +111,54 @@ class BlockSteps:
                    self.capacity, pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), self.scratch.data_ptr())
         self.cache.lengths = [pos + 1] * cfg.num_layers
         return self.model.lm_head(self.model.backbone.final_norm(x))[None]
+
+
+class PagedBlockSteps:
+    """The serving engine's decoding step (one new token for each of B rows) as one C call for the whole layer
+    stack (`paged_decode_layers` in nn/csrc/paged_step.c), for a `supported` model whose paged KV pool is fp32
+    on the CPU and has no sliding window. Returns logits (B, V); the caller commits the new tokens."""
+
+    def __init__(self, model, pool) -> None:
+        cfg = model.config
+        self.model, self.cfg, self.pool = model, cfg, pool
+        self.keep, self.ptrs, self.kinds = _layer_table(model, pool.keys, pool.values)
+        self.slots = pool.keys[0].size(0)
+        self.capacity = cfg.max_position_embeddings
+        self.scale = cfg.attention_scale if cfg.attention_scale is not None else 1.0 / math.sqrt(cfg.dim_head)
+        self.cos, self.sin = _rope_tables(model, self.capacity)
+        self.per_row = 2 * cfg.hidden_size + 2 * (cfg.num_heads + cfg.kv_heads) * cfg.dim_head + 2 * cfg.intermediate_size
+
+    @staticmethod
+    def usable(model, pool, window) -> bool:
+        """The model and pool this step can take: else the engine runs the modules."""
+        if window is not None or not supported(model) or not pool.keys:
+            return False
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
+               for t in (*pool.keys, *pool.values)):
+            return False
+        layers = model.backbone.layers
+        return all(layer.get_submodule(n).blocks.device.type == "cpu" for layer in layers for n in _PROJ)
+
+    def __call__(self, tables, tokens: list[int]) -> torch.Tensor:
+        """Rows whose last token (`tokens`) is their only uncached one; `tables` their block tables."""
+        cfg, bs = self.cfg, self.pool.block_size
+        b = len(tables)
+        positions = [t.length for t in tables]
+        if max(positions) >= self.capacity:
+            raise ValueError(f"decode step: position {max(positions)} is past the model's {self.capacity}")
+        held = [t.slots(t.first_held(bs), p + 1, bs) for t, p in zip(tables, positions)]
+        offsets = [0]
+        for h in held:
+            offsets.append(offsets[-1] + len(h))
+        pos = torch.tensor(positions, dtype=torch.int64)
+        write = torch.tensor([h[-1] for h in held], dtype=torch.int64)
+        slots = torch.tensor([s for h in held for s in h], dtype=torch.int64)
+        offs = torch.tensor(offsets, dtype=torch.int64)
+        x = self.model.backbone.embeddings.tok(torch.tensor(tokens)).float().contiguous()
+        scratch = torch.empty(b * self.per_row)
+        call_bound("paged_decode_layers", cfg.num_layers, b, x.data_ptr(), self.ptrs, self.kinds, cfg.hidden_size,
+                   cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale,
+                   self.slots, self.capacity, pos.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
+                   write.data_ptr(), slots.data_ptr(), offs.data_ptr(), slots.numel(), scratch.data_ptr(),
+                   torch.get_num_threads())
+        return self.model.lm_head(self.model.backbone.final_norm(x)).float()

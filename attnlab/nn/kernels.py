@@ -45,7 +45,8 @@ from .kernel_signatures import KERNELS, SIGNATURES, KernelArgumentError, check_a
 __all__ = ["KERNELS", "KernelArgumentError", "active", "call", "kernel_status", "library", "split_rows"]
 
 _CSRC = Path(__file__).with_name("csrc")
-SOURCES = [_CSRC / f"{name}.c" for name in KERNELS] + [_CSRC / "thread_pool.c"]  # (the kernels' worker threads)
+# + the kernels' worker threads, and the engine's batched decode step (over ggml_blocks and paged_attention)
+SOURCES = [_CSRC / f"{name}.c" for name in KERNELS] + [_CSRC / "thread_pool.c", _CSRC / "paged_step.c"]
 SANITIZE_FLAGS = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
 _log = logging.getLogger("attnlab.kernels")
 _lock = threading.Lock()
@@ -126,12 +127,15 @@ def _build(plan: dict) -> ctypes.CDLL:
             par = getattr(lib, sig["parallel"])
             par.argtypes = ctypes_args(sig) + [ctypes.c_int]  # (..., start, end, threads)
             par.restype = ctypes.c_int
-    # The one function called around the door: the batch-1 decode step takes a table of every layer's weight
-    # and cache pointers, which inference/block_step.py builds from the modules and checks (it also checks
-    # the status). Its types are still declared here, with the others.
+    # The two functions called with bound values (`call_bound`): the decode steps take a table of every layer's
+    # weight and cache pointers, which inference/block_step.py builds from the modules and checks. Their
+    # types are still declared here, with the others.
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
     lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
     lib.llama_decode_step.restype = i32
+    lib.paged_decode_layers.argtypes = [i32, i64, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p,
+                                        p, p, p, i64, p, i32]
+    lib.paged_decode_layers.restype = i32
     return lib
 
 

@@ -569,14 +569,15 @@ int ggml_rows_bf16(int kind, const uint8_t *w, int64_t rows, int64_t K, const in
  */
 #include <math.h>
 
-static void rmsnorm(const float *x, const float *w, float eps, int n, float *out) {
+/* (also the engine's batched step, paged_step.c) */
+void attnlab_rmsnorm(const float *x, const float *w, float eps, int n, float *out) {
     float ss = 0.f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
     const float r = 1.f / sqrtf(ss / (float)n + eps);
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
-static void rope(float *v, int nh, int hd, const float *cs, const float *sn) {
+void attnlab_rope(float *v, int nh, int hd, const float *cs, const float *sn) {
     const int h2 = hd / 2;
     for (int h = 0; h < nh; h++) {
         float *p = v + h * hd;
@@ -621,12 +622,12 @@ int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int
         void **P = ptrs + 11 * l;
         const int *K = kinds + 7 * l;
         float *kc = (float *)P[9], *vc = (float *)P[10];
-        rmsnorm(x, (const float *)P[0], eps, hidden, n1);
+        attnlab_rmsnorm(x, (const float *)P[0], eps, hidden, n1);
         if (matmul_rows(K[0], n1, 1, hidden, (const uint8_t *)P[2], qn, q, i8) ||
             matmul_rows(K[1], n1, 1, hidden, (const uint8_t *)P[3], kn, k, i8) ||
             matmul_rows(K[2], n1, 1, hidden, (const uint8_t *)P[4], kn, v, i8)) return -1;
-        rope(q, heads, hd, cs, sn);
-        rope(k, kv_heads, hd, cs, sn);
+        attnlab_rope(q, heads, hd, cs, sn);
+        attnlab_rope(k, kv_heads, hd, cs, sn);
         for (int gi = 0; gi < kv_heads; gi++) {
             memcpy(kc + (gi * cap + pos) * hd, k + gi * hd, hd * sizeof(float));
             memcpy(vc + (gi * cap + pos) * hd, v + gi * hd, hd * sizeof(float));
@@ -646,7 +647,7 @@ int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int
         }
         if (matmul_rows(K[3], att, 1, qn, (const uint8_t *)P[5], hidden, o, i8)) return -1;
         for (int i = 0; i < hidden; i++) x[i] += o[i];
-        rmsnorm(x, (const float *)P[1], eps, hidden, n1);
+        attnlab_rmsnorm(x, (const float *)P[1], eps, hidden, n1);
         if (matmul_rows(K[4], n1, 1, hidden, (const uint8_t *)P[6], ffn, g, i8) ||
             matmul_rows(K[5], n1, 1, hidden, (const uint8_t *)P[7], ffn, u, i8)) return -1;
         for (int i = 0; i < ffn; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
