@@ -1,6 +1,6 @@
 """The serving engine's decoding step as one C call (`PagedBlockSteps`, csrc/paged_step.c) on a GGUF model kept
 quantized: the same logits as the modules' step (to fp32 rounding) and the same greedy outputs on a mixed
-workload, the same bits on 1 and 2 threads, only where it can run, and bad slots refused before C writes."""
+workload (fp32 and fp16 pools), the same bits on 1 and 2 threads, only where it can run, and bad slots refused before C writes."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +10,7 @@ import attnlab
 from attnlab.inference import block_step
 from attnlab.inference.engine import Engine, SamplingParams
 from attnlab.nn import quantized as q
+from attnlab.nn.precision import cpu_flags
 
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not q.available(), reason=f"no C compiler: {q.why_unavailable()}")
@@ -30,9 +31,9 @@ def _workload(n: int = 10):
     return prompts, params
 
 
-def _prefilled(model, n_rows: int = 5) -> tuple[Engine, list]:
+def _prefilled(model, n_rows: int = 5, kv_dtype=None) -> tuple[Engine, list]:
     """An engine whose rows have their prompts cached and one uncached token each (decode rows)."""
-    engine = Engine(model, num_blocks=64, block_size=4, max_batch=8)
+    engine = Engine(model, num_blocks=64, block_size=4, max_batch=8, kv_dtype=kv_dtype)
     prompts, _ = _workload(n_rows)
     reqs = [engine.add_request(p, SamplingParams(max_new_tokens=8, ignore_eos=True)) for p in prompts]
     while any(not r.output for r in reqs):
@@ -56,11 +57,21 @@ def test_engine_decodes_through_the_c_step_with_the_modules_outputs(tiny, monkey
     modules.block_steps = None
     assert modules.generate(prompts, params) == outs
     assert [len(o) for o in outs] == [p.max_new_tokens for p in params]
+    if F16C:  # an fp16 pool: the C step writes the keys as torch's cast rounds them
+        half = [Engine(model, num_blocks=24, block_size=4, max_batch=4, kv_dtype=torch.float16) for _ in range(2)]
+        half[1].block_steps = None
+        assert half[0].block_steps is not None and half[0].generate(prompts, params) == half[1].generate(prompts, params)
 
 
-def test_c_step_logits_equal_the_modules_step(tiny):
+F16C = "f16c" in cpu_flags()
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_c_step_logits_equal_the_modules_step(tiny, kv_dtype):
     _, model = tiny
-    engine, reqs = _prefilled(model)
+    if kv_dtype == torch.float16 and not F16C:
+        pytest.skip("an fp16 pool takes the C step where the CPU has F16C; this one has not")
+    engine, reqs = _prefilled(model, kv_dtype=kv_dtype)
     tables, last = [r.table for r in reqs], [r.tokens[-1] for r in reqs]
     lengths = [t.length for t in tables]
     modules = engine._forward(reqs)  # writes this step's keys and values, then counts them as cached
@@ -71,8 +82,10 @@ def test_c_step_logits_equal_the_modules_step(tiny):
         c_logits = engine.block_steps(tables, last)  # the same slots written again, by C
     assert c_logits.shape == modules.shape == (len(reqs), model.config.vocab_size)
     assert (c_logits - modules).abs().max().item() <= 1e-4 * max(1.0, modules.abs().max().item())
+    tol = 1e-5 if kv_dtype == torch.float32 else 2e-3  # (one fp16 step where the two fp32 values straddle a tie)
     for a, b in zip(keys, engine.pool.keys):
-        assert (a - b).abs().max().item() <= 1e-5  # the keys C wrote are the modules' keys
+        assert (a.float() - b.float()).abs().max().item() <= tol  # the keys C wrote are the modules' keys
+        assert b.dtype == kv_dtype
 
 
 def test_c_step_gives_the_same_bits_on_one_and_two_threads(tiny):
@@ -94,7 +107,7 @@ def test_c_step_gives_the_same_bits_on_one_and_two_threads(tiny):
 def test_c_step_only_where_it_can_run(tiny):
     path, model = tiny
     assert Engine(model, num_blocks=8).block_steps is not None
-    assert Engine(model, num_blocks=8, kv_dtype=torch.float16).block_steps is None  # fp16 pool: the modules
+    assert (Engine(model, num_blocks=8, kv_dtype=torch.float16).block_steps is not None) == F16C
     assert Engine(attnlab.load(path), num_blocks=8).block_steps is None  # dequantized to fp32: no blocks
 
 

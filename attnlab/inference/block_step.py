@@ -19,6 +19,7 @@ import math
 import torch
 
 from ..nn.kernels import call_bound
+from ..nn.precision import cpu_flags
 from ..nn.quantized import BlockEmbedding, BlockLinear, kernels
 from ..nn.norms import RMSNorm
 from .kv_cache import KVCache
@@ -115,14 +116,16 @@ class BlockSteps:
 
 class PagedBlockSteps:
     """The serving engine's decoding step (one new token for each of B rows) as one C call for the whole layer
-    stack (`paged_decode_layers` in nn/csrc/paged_step.c), for a `supported` model whose paged KV pool is fp32
-    on the CPU and has no sliding window. Returns logits (B, V); the caller commits the new tokens."""
+    stack (`paged_decode_layers` in nn/csrc/paged_step.c), for a `supported` model whose paged KV pool is on
+    the CPU, fp32 or fp16 (where the CPU converts with F16C), with no sliding window. Returns logits (B, V);
+    the caller commits the new tokens."""
 
     def __init__(self, model, pool) -> None:
         cfg = model.config
         self.model, self.cfg, self.pool = model, cfg, pool
         self.keep, self.ptrs, self.kinds = _layer_table(model, pool.keys, pool.values)
         self.slots = pool.keys[0].size(0)
+        self.f16 = int(pool.keys[0].dtype == torch.float16)
         self.capacity = cfg.max_position_embeddings
         self.scale = cfg.attention_scale if cfg.attention_scale is not None else 1.0 / math.sqrt(cfg.dim_head)
         self.cos, self.sin = _rope_tables(model, self.capacity)
@@ -133,8 +136,11 @@ class PagedBlockSteps:
         """The model and pool this step can take: else the engine runs the modules."""
         if window is not None or not supported(model) or not pool.keys:
             return False
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
-               for t in (*pool.keys, *pool.values)):
+        dtype = pool.keys[0].dtype
+        if dtype == torch.float16 and "f16c" not in cpu_flags():
+            return False  # (C converts to fp16 with F16C only)
+        if any(t.dtype != dtype or dtype not in (torch.float32, torch.float16) or t.device.type != "cpu"
+               or not t.is_contiguous() for t in (*pool.keys, *pool.values)):
             return False
         layers = model.backbone.layers
         return all(layer.get_submodule(n).blocks.device.type == "cpu" for layer in layers for n in _PROJ)
@@ -159,6 +165,6 @@ class PagedBlockSteps:
         call_bound("paged_decode_layers", cfg.num_layers, b, x.data_ptr(), self.ptrs, self.kinds, cfg.hidden_size,
                    cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale,
                    self.slots, self.capacity, pos.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
-                   write.data_ptr(), slots.data_ptr(), offs.data_ptr(), slots.numel(), scratch.data_ptr(),
+                   write.data_ptr(), slots.data_ptr(), offs.data_ptr(), slots.numel(), self.f16, scratch.data_ptr(),
                    torch.get_num_threads())
         return self.model.lm_head(self.model.backbone.final_norm(x)).float()

@@ -26,7 +26,7 @@ decoding sequence that is its last sampled token; for a newly admitted one it is
      worth skipping (unpadded, attnlab.nn.varlen; see Encoder.unpad_min_padding);
      with `compile=True` the decode pass is a compiled graph (`compiled.PagedDecoder`) of fixed shapes:
      rows rounded up to a power of two (idle rows are padding), gather width up to a multiple of 128;
-     on a GGUF model kept quantized with an fp32 pool on the CPU, it is one C call for the whole layer
+     on a GGUF model kept quantized with its pool on the CPU, it is one C call for the whole layer
      stack (`block_step.PagedBlockSteps`: a step of 1 / 64 rows of SmolLM2 ~4x / ~1.3x faster than the
      modules' step, whose Python dispatch is most of a step at a few rows);
   5. sample each row with its own settings, append, and finish rows on EOS / stop string / length.
@@ -166,7 +166,7 @@ class Engine:
         backbone, cfg = model.backbone, model.config
         local = cfg.sliding_window and all(backbone._is_local(i) for i in range(cfg.num_layers))
         self.window = cfg.sliding_window if local else None
-        # a GGUF model kept quantized, fp32 pool on the CPU: decoding steps as one C call (block_step.py)
+        # a GGUF model kept quantized, its pool on the CPU: decoding steps as one C call (block_step.py)
         from .block_step import PagedBlockSteps
         self.block_steps = PagedBlockSteps(model, self.pool) if (
             self.decoder is None and PagedBlockSteps.usable(model, self.pool, self.window)) else None

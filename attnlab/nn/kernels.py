@@ -134,7 +134,7 @@ def _build(plan: dict) -> ctypes.CDLL:
     lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p]
     lib.llama_decode_step.restype = i32
     lib.paged_decode_layers.argtypes = [i32, i64, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p,
-                                        p, p, p, i64, p, i32]
+                                        p, p, p, i64, i32, p, i32]
     lib.paged_decode_layers.restype = i32
     return lib
 
