@@ -23,6 +23,7 @@ from ..nn.precision import cpu_flags
 from ..nn.quantized import BlockEmbedding, BlockLinear, kernels
 from ..nn.norms import RMSNorm
 from .kv_cache import KVCache
+from .paged import slot_rows
 
 _PROJ = ("attn.q", "attn.k", "attn.v", "attn.o", "ffn.gate", "ffn.up", "ffn.down")
 
@@ -137,10 +138,9 @@ class PagedBlockSteps:
         if window is not None or not supported(model) or not pool.keys:
             return False
         dtype = pool.keys[0].dtype
-        if dtype == torch.float16 and "f16c" not in cpu_flags():
+        if dtype not in (torch.float32, torch.float16) or (dtype == torch.float16 and "f16c" not in cpu_flags()):
             return False  # (C converts to fp16 with F16C only)
-        if any(t.dtype != dtype or dtype not in (torch.float32, torch.float16) or t.device.type != "cpu"
-               or not t.is_contiguous() for t in (*pool.keys, *pool.values)):
+        if any(t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous() for t in (*pool.keys, *pool.values)):
             return False
         layers = model.backbone.layers
         return all(layer.get_submodule(n).blocks.device.type == "cpu" for layer in layers for n in _PROJ)
@@ -153,13 +153,9 @@ class PagedBlockSteps:
         if max(positions) >= self.capacity:
             raise ValueError(f"decode step: position {max(positions)} is past the model's {self.capacity}")
         held = [t.slots(t.first_held(bs), p + 1, bs) for t, p in zip(tables, positions)]
-        offsets = [0]
-        for h in held:
-            offsets.append(offsets[-1] + len(h))
+        slots, offs = slot_rows(held)
         pos = torch.tensor(positions, dtype=torch.int64)
         write = torch.tensor([h[-1] for h in held], dtype=torch.int64)
-        slots = torch.tensor([s for h in held for s in h], dtype=torch.int64)
-        offs = torch.tensor(offsets, dtype=torch.int64)
         x = self.model.backbone.embeddings.tok(torch.tensor(tokens)).float().contiguous()
         scratch = torch.empty(b * self.per_row)
         call_bound("paged_decode_layers", cfg.num_layers, b, x.data_ptr(), self.ptrs, self.kinds, cfg.hidden_size,

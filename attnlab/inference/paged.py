@@ -129,6 +129,16 @@ class BlockPool:
         return 2 * self.num_layers * self.keys[0][0].numel() * self.keys[0].element_size()
 
 
+def slot_rows(held: list[list[int]], device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's slots, oldest first, as the paged attention kernel reads them: all rows' slots in one int64
+    tensor, and the offsets where each row's begin (B + 1 of them, the last the total)."""
+    offsets = [0]
+    for h in held:
+        offsets.append(offsets[-1] + len(h))
+    return (torch.tensor([s for h in held for s in h], dtype=torch.long, device=device),
+            torch.tensor(offsets, dtype=torch.long, device=device))
+
+
 class PagedBatchCache:
     """The `past_key_values` of one engine forward pass over B sequences.
 
@@ -175,12 +185,7 @@ class PagedBatchCache:
             return None
         keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
         if self._rows is None:
-            held, offsets = self._held, [0]
-            for h in held:
-                offsets.append(offsets[-1] + len(h))
-            device = keys.device
-            self._rows = (torch.tensor([s for h in held for s in h], dtype=torch.long, device=device),
-                          torch.tensor(offsets, dtype=torch.long, device=device))
+            self._rows = slot_rows(self._held, keys.device)
         if not keys.is_contiguous() or keys.dtype not in (torch.float32, torch.float16) or q.dtype != torch.float32:
             return None
         if q.device.type != "cpu":
