@@ -12,7 +12,7 @@ The package's layers and where each thing lives: CONTRIBUTING.md.
 """
 from __future__ import annotations
 
-import importlib
+from .lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -28,17 +28,7 @@ __all__ = ["ConfigError", "Encoder", "Model", "ModelConfig", "ModelOutput", "PRE
            "load_tokenizer", "preset", "save"]
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-        globals()[name] = value  # later look-ups skip this function
-        return value
-    try:  # `attnlab.nn`, `attnlab.interop`, ... without importing them first, as before
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE, globals())
 
 
 def __dir__() -> list[str]:

@@ -24,6 +24,10 @@ class ConfigError(ValueError):
     """A config value that cannot describe a model; the message names the field and value."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model: names the file, the tensors and the shapes."""
+
+
 POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none",
              "relative_xl")  # Transformer-XL / XLNet relative sinusoids + u, v biases (nn/relative_xl.py)
 NORMS = ("layernorm", "rmsnorm")

@@ -90,8 +90,8 @@ def test_cli_settles_imports_before_the_command(command, env, want):
     import os
     import subprocess
     import sys
-    code = ("import gc, os, sys; from attnlab.cli import _settle_imports; "
-            f"_settle_imports({command!r}); print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules, "
+    code = ("import gc, os, sys; from attnlab.cli import settle_imports; "
+            f"settle_imports({command!r}); print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules, "
             "gc.get_freeze_count() > 100000)")
     environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if env:

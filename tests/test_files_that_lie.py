@@ -510,7 +510,7 @@ def test_attnlab_config_json_that_lies_is_named(tmp_path, text, field):
 
 
 def test_string_array_tolist_equals_iterating():
-    from attnlab.interop.gguf_file import StringArray
+    from attnlab.gguf_file import StringArray
     strings = ["", "é", "日本語", "", "a\x00b", "z"]
     for case in (strings, [s for s in strings if "\x00" not in s], [], [""]):
         arr = StringArray.of(case)

@@ -55,10 +55,10 @@ def test_fp32_silu_gate_agrees_with_the_portable_loop(tmp_path):
     tail elements and e^x's clamp included."""
     import ctypes
     import subprocess
-    from attnlab.nn import kernels
+    from attnlab.nn import kernel_build, kernels
     cc = kernels.find_compiler()[0]
     so = tmp_path / "portable.so"
-    subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(kernels._CSRC / "fused_rows.c"), "-lm"],
+    subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(so), str(kernel_build._CSRC / "fused_rows.c"), "-lm"],
                    check=True)
     portable = ctypes.CDLL(str(so)).silu_mul_rows
     gen = torch.Generator().manual_seed(3)

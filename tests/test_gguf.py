@@ -206,7 +206,7 @@ def test_generate_chat_peak_memory_is_within_the_bound(smol_path):
 
 def test_ggml_type_table_equals_the_gguf_package():
     """Header reading sizes tensors from attnlab's own table (no gguf import); it must agree with ggml's."""
-    from attnlab.interop.gguf_file import GGML_TYPES
+    from attnlab.gguf_file import GGML_TYPES
     theirs = {int(k): (k.name, *v) for k, v in gguf.GGML_QUANT_SIZES.items()}
     assert {k: GGML_TYPES[k] for k in theirs if k in GGML_TYPES} == theirs
     assert set(theirs) <= set(GGML_TYPES), set(theirs) - set(GGML_TYPES)

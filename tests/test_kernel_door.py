@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.nn import kernels
+from attnlab.nn import kernel_build, kernels
 from attnlab.nn import quantized as q
 from attnlab.nn.cpu_attention import short_attention
 from attnlab.nn.int8 import Int8Linear
@@ -190,7 +190,7 @@ def test_strided_outputs_must_not_overlap():
 
 def _plan(monkeypatch, **env):
     for key, value in env.items():
-        monkeypatch.setattr(kernels, key, value)
+        monkeypatch.setattr(kernel_build, key, value)
     return kernels.build_plan()
 
 
@@ -217,7 +217,7 @@ def test_without_cpu_flags_the_build_is_portable(monkeypatch):
     monkeypatch.delenv("ATTNLAB_KERNEL_SANITIZE", raising=False)
     plan = _plan(monkeypatch, cpu_flags=lambda: set())
     assert "-march=native" not in plan["flags"] and "-O3" in plan["flags"]
-    assert "-march=native" in kernels.build_plan()["flags"] or not kernels.cpu_flags()
+    assert "-march=native" in kernels.build_plan()["flags"] or not kernel_build.cpu_flags()
 
 
 # ---- the sanitized build (make sanitize) -------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn import AttentionMask, fused, kernels, scaled_dot_product_attention
+from attnlab.nn import AttentionMask, fused, kernel_build, kernels, scaled_dot_product_attention
 from attnlab.nn import quantized as q
 from attnlab.nn.cpu_attention import short_attention
 from attnlab.nn.int8 import Int8Linear, quantize_rows
@@ -123,7 +123,7 @@ def test_without_a_compiler_every_entry_point_takes_torchs_path(how, monkeypatch
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
         reason = f"CC={tmp_path / 'no-such-cc'} is not an executable program"
     else:
-        monkeypatch.setattr(kernels, "find_compiler", lambda: (None, "no C compiler found (faked)"))
+        monkeypatch.setattr(kernel_build, "find_compiler", lambda: (None, "no C compiler found (faked)"))
         reason = "no C compiler found (faked)"
     caplog.set_level(logging.WARNING, logger="attnlab.kernels")
     caplog.clear()  # (the reference run above wrote its own lines)

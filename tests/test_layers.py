@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1] / "attnlab"
 # Bottom to top. A module may import from its own layer or any layer below, never from one above.
 # Names are the first component under attnlab/ ("" is attnlab/__init__.py, the public façade).
 LAYERS = [
-    {"config", "tokenizers", "tokenizer_core", "tokenizer_unigram"},  # what a model is; text -> ids
+    # what a model is; text -> ids; finding a model and reading a GGUF file (no torch in this layer)
+    {"config", "tokenizers", "tokenizer_core", "tokenizer_unigram", "locate", "gguf_file", "gguf_meta",
+     "lazy"},
     {"nn"},                                        # attention, positions, norms, feed-forward, block
     {"models", "heads"},                           # backbones, and the heads that wrap them
     {"interop"},                                   # every checkpoint format + the family registry

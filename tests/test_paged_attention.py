@@ -14,7 +14,7 @@ from attnlab.config import ModelConfig
 from attnlab.inference import paged
 from attnlab.inference.engine import Engine, SamplingParams
 from attnlab.inference.generate import generate
-from attnlab.nn import kernels
+from attnlab.nn import kernel_build, kernels
 from attnlab.nn.attention import AttentionMask
 from attnlab.nn.cpu_attention import paged_decode_attention
 
@@ -126,10 +126,10 @@ def test_the_portable_c_path_gives_the_same_numbers(tmp_path):
     without -march and run on the same cases."""
     import subprocess
     cc = kernels.find_compiler()[0]
-    src = kernels._CSRC / "paged_attention.c"
+    src = kernel_build._CSRC / "paged_attention.c"
     so = tmp_path / "portable.so"
     subprocess.run([cc, "-O3", "-shared", "-fPIC", "-pthread", "-o", str(so), str(src),
-                    str(kernels._CSRC / "thread_pool.c"), "-lm"], check=True)
+                    str(kernel_build._CSRC / "thread_pool.c"), "-lm"], check=True)
     fn = ctypes.CDLL(str(so)).paged_decode_attention
     for hq, hk, d in [(9, 3, 64), (2, 1, 48), (8, 2, 128)]:
         q, keys, values, slots, offsets = case([1, 63, 65, 200], hq, hk, d)

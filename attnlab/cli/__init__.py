@@ -137,6 +137,8 @@ def _parser_for(argv: list[str]) -> argparse.ArgumentParser:
 
 # commands that need no torch: the rest import it before their work starts anyway
 NO_TORCH = frozenset({"completion", "plot", "prepare", "tokenizer"})
+# commands that import torch only on some paths, and settle then (generate: not for a greedy .gguf)
+SETTLE_LATER = frozenset({"generate"})
 # OpenMP threads that sleep between parallel regions instead of spinning: the server's decode steps run many
 # small products, between which spinning OpenMP threads kept a 2-core CPU from attnlab's own kernel threads
 # (serving benchmark, 2 threads: 42.0 -> 47.5 tok/s). Training's large products lose by it (-20% a step), so
@@ -145,7 +147,7 @@ PASSIVE_OPENMP = frozenset({"serve"})
 _settled = False
 
 
-def _settle_imports(command: str) -> None:
+def settle_imports(command: str) -> None:
     """Import torch now and move every object the imports made (about a million for torch) into the garbage
     collector's permanent generation, once per process. Otherwise the full collections that building a model
     and a tokenizer triggers walk them all again: 0.15-0.3 s of a `generate` cold start. Objects made
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .paths import check_inputs
         check_inputs(parser, args.command, args)  # a missing or unreadable input: one line, before any work
-        _settle_imports(args.command)
+        if args.command not in SETTLE_LATER:
+            settle_imports(args.command)
         if getattr(args, "dtype", None) == "bf16" or getattr(args, "precision", None) == "bf16":
             from ..nn.precision import bf16_warning
             warning = bf16_warning()

@@ -91,7 +91,7 @@ def _why_not_dir(path: Path) -> str | None:
 
 
 def _why_not_model(value: str) -> tuple[Path, str | None]:
-    from ..interop.local import resolve
+    from ..locate import resolve  # (no torch: `generate` on a .gguf may not need it at all)
     try:
         path = resolve(value)
     except FileNotFoundError as err:

@@ -20,6 +20,7 @@ from ..nn.linear_attention import LinearAttentionCache
 from .beam import beam_search
 from .kv_cache import KVCache
 # the logits processors are part of this module's public surface too
+from .text_stream import TextStreamer, prompt_tokens_kept, text_pieces  # noqa: F401  (TextStreamer re-exported)
 from .sampling import NEG, apply_repetition_penalty, check_sampling, top_k_filter, top_p_filter  # noqa: F401
 
 # ----------------------------------------------------------------------------------- prompts
@@ -43,17 +44,9 @@ def fit_context(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, ma
                 truncation: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A prompt that leaves no room for max_new_tokens is an error, or loses its oldest tokens when
     truncation="left"."""
-    if truncation not in ("error", "left"):
-        raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
-    total = input_ids.size(1) + max_new_tokens
-    if total <= context:
+    keep = prompt_tokens_kept(input_ids.size(1), max_new_tokens, context, truncation)
+    if keep == input_ids.size(1):
         return input_ids, attention_mask
-    keep = context - max_new_tokens
-    if truncation == "error" or keep <= 0:
-        raise ValueError(f"prompt of {input_ids.size(1)} tokens + max_new_tokens={max_new_tokens} exceeds the "
-                         f"model's context of {context} tokens (max_position_embeddings); shorten the prompt, lower "
-                         f"max_new_tokens" + (", or pass truncation='left' to drop the oldest prompt tokens"
-                                              if keep > 0 else ""))
     return input_ids[:, -keep:], attention_mask[:, -keep:] if attention_mask is not None else None
 
 
@@ -218,31 +211,6 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
 
 
 # ----------------------------------------------------------------------------------- streaming
-class TextStreamer:
-    """Turns tokens into text pieces as they arrive. A byte-level BPE token can hold part of a UTF-8
-    character (an emoji is 4 bytes, often split over two tokens); such a piece decodes to U+FFFD, so
-    text is held back until the character is complete. Decoding the whole list each time (rather than
-    token by token) keeps spaces and merges exactly as a full decode would."""
-
-    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
-        self.tokenizer, self.skip = tokenizer, skip_special_tokens
-        self.ids: list[int] = []
-        self.sent = 0  # characters already yielded
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self.sent = text[self.sent:], len(text)
-        return piece
-
-    def flush(self) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        piece, self.sent = text[self.sent:], len(text)
-        return piece
-
-
 def stream(model, tokenizer, prompt: str | torch.Tensor, *, stop_strings: Sequence[str] | None = None,
            truncation: str = "error", **kwargs) -> Iterator[str]:
     """Yield the continuation of one prompt as text pieces, as soon as each is decodable. Stop strings
@@ -263,26 +231,7 @@ def stream(model, tokenizer, prompt: str | torch.Tensor, *, stop_strings: Sequen
     kwargs.pop("num_beams", None)
     kwargs.pop("length_penalty", None)
     kwargs.pop("early_stopping", None)
-    streamer = TextStreamer(tokenizer)
     eos = set(_eos_set(model, kwargs.get("eos_token_id")))
-    pending = ""  # text that might be the start of a stop string
-    for token in generate_tokens(model, ids, max_new_tokens=max_new, stop_strings=stops or None,
-                                 tokenizer=tokenizer, **kwargs):
-        t = int(token[0])
-        if t in eos:
-            break
-        pending += streamer.push(t)
-        if stops:
-            hits = [pending.find(s) for s in stops if s in pending]
-            if hits:
-                yield pending[:min(hits)]
-                return
-            keep = max((k for s in stops for k in range(1, len(s)) if pending.endswith(s[:k])), default=0)
-            ready, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, "")
-        else:
-            ready, pending = pending, ""
-        if ready:
-            yield ready
-    pending += streamer.flush()
-    if pending:
-        yield pending
+    tokens = (int(token[0]) for token in generate_tokens(model, ids, max_new_tokens=max_new,
+                                                         stop_strings=stops or None, tokenizer=tokenizer, **kwargs))
+    yield from text_pieces(tokens, tokenizer, eos, stops)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .text_stream import check_sampling  # noqa: F401  (re-exported)
+
 NEG = -1.0e9  # "impossible" score for beam bookkeeping (finite, so arithmetic on it stays defined)
 
 
@@ -35,17 +37,3 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None, repetition_penalty: float,
-                   num_beams: int, max_new_tokens: int) -> None:
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
-        raise ValueError(f"top_k must be a positive integer, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
-    if not repetition_penalty > 0:
-        raise ValueError(f"repetition_penalty must be > 0 (1.0 = none), got {repetition_penalty}")
-    if not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be a positive integer, got {num_beams}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens}")

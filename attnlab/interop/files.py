@@ -10,11 +10,7 @@ from typing import Callable
 
 import torch
 
-from ..config import ConfigError
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model: names the file, the tensors and the shapes."""
+from ..config import CheckpointError, ConfigError  # noqa: F401  (CheckpointError re-exported)
 
 
 # ----------------------------------------------------------------------------------- paths named by files

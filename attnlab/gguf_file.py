@@ -1,8 +1,9 @@
 """The GGUF header reader: metadata as Python values and each tensor's byte range, checked against the file.
 
 A GGUF file is a short header (magic, version, counts), key/value metadata, tensor infos (name, shape, GGML
-type, offset) and an aligned data section. `interop/gguf.py` builds models and tokenizers from what this
-reads; `interop/gguf_write.py` copies metadata types from it.
+type, offset) and an aligned data section. `gguf_meta.py` reads the model config and the tokenizer from
+it, `interop/gguf.py` builds models, `inference/lean.py` decodes on the blocks it maps, and
+`interop/gguf_write.py` copies metadata types from it. No torch here (see `inference/lean.py`).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .files import CheckpointError
+from .config import CheckpointError
 
 # GGML tensor types: id -> (name, weights per block, bytes per block), as ggml.h defines them (a test holds
 # this table equal to the gguf package's GGML_QUANT_SIZES). Kept here so that reading a header does not
