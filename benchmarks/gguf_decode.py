@@ -1,8 +1,10 @@
-"""Decoding a GGUF file on one thread: attnlab on the quantized blocks, attnlab on fp32 dequantized
-weights, and llama.cpp's `llama-bench`, same file, side by side; tokens/s, peak resident memory, ratios.
+"""Decoding a GGUF file on one thread (or --threads): attnlab as `attnlab generate` runs it (greedy, the C
+kernels without torch: inference/lean.py), attnlab's Python API on the quantized blocks and on fp32
+dequantized weights, and llama.cpp's `llama-bench`, same file, side by side; tokens/s, peak resident memory,
+ratios.
 
     .venv/bin/python benchmarks/gguf_decode.py [--model smollm2] [--new-tokens 128] [--rounds 3]
-        [--llama-bench PATH | env LLAMA_BENCH] [--batch8] [--prompt 512]
+        [--llama-bench PATH | env LLAMA_BENCH] [--batch8] [--prompt 512] [--threads 1]
 
 Every measurement runs in a fresh process (peak RSS is the process's own, import of torch included),
 and the engines take turns round by round, so that load from other processes hits all of them alike;
@@ -27,8 +29,35 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def lean_worker(model: str, new_tokens: int, prompt_len: int) -> dict:
+    """`attnlab generate`'s own path for a greedy .gguf (inference/lean.py: no torch), timed as `worker`."""
+    import numpy as np
+    t0 = time.perf_counter()
+    sys.path.insert(0, str(REPO))
+    from attnlab.inference.lean import LeanDecoder
+    from attnlab.locate import resolve
+    dec, why = LeanDecoder.open(resolve(model))
+    if dec is None:
+        raise SystemExit(f"the torch-free decoder does not run here: {why}")
+    out = {"load_s": time.perf_counter() - t0}
+    rng = np.random.default_rng(0)
+    ids = rng.integers(100, dec.cfg.vocab_size, 16).tolist()
+    list(dec.greedy(ids, 4))  # warm-up (the library, the pool's threads)
+    start = time.perf_counter()
+    list(dec.greedy(ids, new_tokens))
+    out["decode_tok_s"] = new_tokens / (time.perf_counter() - start)
+    if prompt_len:
+        long = rng.integers(100, dec.cfg.vocab_size, prompt_len).tolist()
+        start = time.perf_counter()
+        dec.start(long, 1)
+        out["prompt_tok_s"] = prompt_len / (time.perf_counter() - start)
+    return out
+
+
 def worker(mode: str, model: str, new_tokens: int, batch: int, prompt_len: int) -> dict:
     """Runs inside the child process: load, warm up, time; returns the figures as a dict."""
+    if mode == "lean":
+        return lean_worker(model, new_tokens, prompt_len)
     t0 = time.perf_counter()
     import torch
     sys.path.insert(0, str(REPO))
@@ -56,12 +85,12 @@ def worker(mode: str, model: str, new_tokens: int, batch: int, prompt_len: int) 
 def run_attnlab(mode: str, args, batch: int, prompt_len: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", mode, "--model", args.model, "--new-tokens", str(args.new_tokens),
            "--batch", str(batch), "--prompt", str(prompt_len)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO))
     return _child(cmd, env, lambda text: json.loads(text.strip().splitlines()[-1]))
 
 
 def run_llama(binary: str, path: Path, args, prompt_len: int) -> dict:
-    cmd = [binary, "-t", "1", "-p", str(prompt_len or 16), "-n", str(args.new_tokens), "-r", "1", "-o", "json",
+    cmd = [binary, "-t", str(args.threads), "-p", str(prompt_len or 16), "-n", str(args.new_tokens), "-r", "1", "-o", "json",
            "-m", str(path)]
 
     def parse(text: str) -> dict:
@@ -73,7 +102,7 @@ def run_llama(binary: str, path: Path, args, prompt_len: int) -> dict:
             elif row.get("n_prompt") and prompt_len:
                 res["prompt_tok_s"] = row["avg_ts"]
         return res
-    return _child(cmd, dict(os.environ, OMP_NUM_THREADS="1"), parse)
+    return _child(cmd, dict(os.environ, OMP_NUM_THREADS=str(args.threads)), parse)
 
 
 def _child(cmd: list[str], env: dict, parse) -> dict:
@@ -111,7 +140,8 @@ def main() -> None:
     p.add_argument("--batch8", action="store_true", help="also time attnlab at batch 8")
     p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
-    p.add_argument("--worker", choices=("quantized", "fp32"), help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=1, help="threads of both sides (default 1)")
+    p.add_argument("--worker", choices=("lean", "quantized", "fp32"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.model, args.new_tokens, args.batch, args.prompt)))
@@ -119,7 +149,8 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from attnlab.interop.local import resolve
     path = resolve(args.model)
-    engines = {"attnlab quantized": lambda: run_attnlab("quantized", args, 1, args.prompt),
+    engines = {"attnlab generate (no torch)": lambda: run_attnlab("lean", args, 1, args.prompt),
+               "attnlab quantized": lambda: run_attnlab("quantized", args, 1, args.prompt),
                "attnlab fp32 (dequantized)": lambda: run_attnlab("fp32", args, 1, args.prompt)}
     if args.llama_bench:
         engines["llama.cpp llama-bench"] = lambda: run_llama(args.llama_bench, path, args, args.prompt)
@@ -137,7 +168,7 @@ def main() -> None:
             if name not in best or res["decode_tok_s"] > best[name]["decode_tok_s"]:
                 best[name] = res
     ref = best.get("llama.cpp llama-bench")
-    print(f"\n{path.name}, 1 thread, {args.new_tokens} new tokens, best of {args.rounds} interleaved rounds")
+    print(f"\n{path.name}, {args.threads} thread(s), {args.new_tokens} new tokens, best of {args.rounds} interleaved rounds")
     print(f"{'engine':30s} {'decode tok/s':>12s} {'vs llama.cpp':>12s} {'prompt tok/s':>12s} "
           f"{'peak RSS MB':>11s} {'load avg':>8s}")
     for name, res in best.items():

@@ -72,9 +72,10 @@ def test_greedy_tokens_equal_generate(tiny, exact):
 
 
 def test_one_and_two_threads_give_the_same_bits(tiny, monkeypatch):
+    """The products' rows and (from position 64) the heads split over the C threads: the same bits."""
     path, _ = tiny
     dec, _ = lean.LeanDecoder.open(path)
-    ids = _prompt(12)[0].tolist()
+    ids = _prompt(70)[0].tolist()
     out = []
     for threads in ("1", "2"):
         monkeypatch.setenv("OMP_NUM_THREADS", threads)

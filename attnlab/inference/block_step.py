@@ -110,7 +110,8 @@ class BlockSteps:
         # Status != 0: an unsupported block type or a cache overflow (raised by the door as RuntimeError).
         call_bound("llama_decode_step", cfg.num_layers, x.data_ptr(), self.ptrs, self.kinds, cfg.hidden_size,
                    cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale,
-                   self.capacity, pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), self.scratch.data_ptr())
+                   self.capacity, pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), self.scratch.data_ptr(),
+                   torch.get_num_threads())
         self.cache.lengths = [pos + 1] * cfg.num_layers
         return self.model.lm_head(self.model.backbone.final_norm(x))[None]
 

@@ -202,7 +202,7 @@ class LeanDecoder:
         kernel_build.call_bound(
             "llama_decode_step", cfg.num_layers, _ptr(h), run["table"], self.kinds, cfg.hidden_size, cfg.num_heads,
             cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale, run["capacity"], pos,
-            _ptr(run["cos"][pos]), _ptr(run["sin"][pos]), _ptr(run["scratch"]))
+            _ptr(run["cos"][pos]), _ptr(run["sin"][pos]), _ptr(run["scratch"]), threads())
         run["pos"] = pos + 1
         return self._logits(h)
 

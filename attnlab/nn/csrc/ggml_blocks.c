@@ -15,6 +15,7 @@
  * out (M, N) = x (M, K) @ W^T, W (N, K) given as N rows of K/32 blocks.
  */
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
@@ -489,18 +490,32 @@ typedef struct {
     int64_t N;
     float *out;
     atomic_int rc;
+    int int8_rows; /* the batch-1 step's one row: integer products unless exact (matmul_rows) */
 } matmul_job;
 
 static void matmul_part(void *ctx, int64_t start, int64_t end) {
     matmul_job *j = ctx;
-    const int rc = ggml_matmul_cols(j->kind, j->x, j->M, j->K, j->w, j->N, j->out, start, end);
+    const int64_t rb = j->K / 32 * (j->kind == 2 ? 18 : j->kind == 3 ? 20 : 34);
+    const int rc = j->int8_rows ? matmul_rows(j->kind, j->x, 1, j->K, j->w + start * rb, end - start, j->out + start, 1)
+                                : ggml_matmul_cols(j->kind, j->x, j->M, j->K, j->w, j->N, j->out, start, end);
     if (rc) atomic_store(&j->rc, rc);
+}
+
+/* One row of the batch-1 step: its N weight rows split over `parts` pool threads (64 rows a part at least:
+ * SmolLM2's 576-wide Q4_1 rows take ~0.1 us each, and a hand-off costs a few). Bits do not depend on parts. */
+static int step_product(int kind, const float *x, int64_t K, const uint8_t *w, int64_t N, float *out, int i8,
+                        int parts) {
+    if (parts > N / 64) parts = (int)(N / 64);
+    if (parts <= 1 || K % 32) return matmul_rows(kind, x, 1, K, w, N, out, i8);
+    matmul_job j = {kind, x, 1, K, w, N, out, 0, i8};
+    pool_run(matmul_part, &j, 0, N, parts);
+    return atomic_load(&j.rc);
 }
 
 int ggml_matmul_cols_par(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
                          int64_t start, int64_t end, int parts) {
     if (start < 0 || end > N || start > end) return -1;
-    matmul_job j = {kind, x, M, K, w, N, out, 0};
+    matmul_job j = {kind, x, M, K, w, N, out, 0, 0};
     pool_run(matmul_part, &j, start, end, parts);
     return atomic_load(&j.rc);
 }
@@ -565,7 +580,8 @@ int ggml_rows_bf16(int kind, const uint8_t *w, int64_t rows, int64_t K, const in
  * ptrs holds 11 pointers per layer: attn_norm, ffn_norm, the blocks of q, k, v, o, gate, up, down, and the
  * layer's key and value caches, each (kv_heads, cap, head_dim) fp32; kinds holds the 7 GGML types.
  * The new key/value go to column `pos`; attention spans columns 0..pos. cos/sin: head_dim values at pos.
- * scratch: at least 2*hidden + 2*heads*hd + 2*kv_heads*hd + cap + 2*ffn floats.
+ * scratch: at least 2*hidden + 2*heads*hd + 2*kv_heads*hd + cap + 2*ffn floats. Each product's weight rows
+ * split over `parts` threads of thread_pool.c (1: this thread alone); the rest is a few thousand flops.
  */
 #include <math.h>
 
@@ -611,9 +627,45 @@ static inline float dotf(const float *a, const float *b, int n) {
     return s;
 }
 
+/* Attention of heads [h0, h1) of the batch-1 step over cache columns 0..pos (softmax in fp32); sc: pos + 1 floats. */
+typedef struct {
+    const float *q, *kc, *vc;
+    float *att;
+    int groups, hd;
+    int64_t cap, pos;
+    float scale;
+    atomic_int rc;
+} attn_job;
+
+static void attend_heads(const attn_job *j, int64_t h0, int64_t h1, float *sc) {
+    const int hd = j->hd;
+    const int64_t cap = j->cap, pos = j->pos;
+    for (int64_t h = h0; h < h1; h++) {
+        const float *kh = j->kc + (h / j->groups) * cap * hd, *vh = j->vc + (h / j->groups) * cap * hd;
+        const float *qh = j->q + h * hd;
+        float mx = -INFINITY, sum = 0.f;
+        for (int64_t t = 0; t <= pos; t++) { sc[t] = j->scale * dotf(qh, kh + t * hd, hd); if (sc[t] > mx) mx = sc[t]; }
+        for (int64_t t = 0; t <= pos; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
+        float *ah = j->att + h * hd;
+        for (int i = 0; i < hd; i++) ah[i] = 0.f;
+        for (int64_t t = 0; t <= pos; t++) {
+            const float p = sc[t] / sum, *vt = vh + t * hd;
+            for (int i = 0; i < hd; i++) ah[i] += p * vt[i];
+        }
+    }
+}
+
+static void attn_part(void *ctx, int64_t start, int64_t end) {  /* a pool thread's heads, its own scores */
+    attn_job *j = ctx;
+    float *sc = malloc((size_t)(j->pos + 1) * sizeof(float));
+    if (!sc) { atomic_store(&j->rc, -1); return; }
+    attend_heads(j, start, end, sc);
+    free(sc);
+}
+
 int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int hidden, int heads, int kv_heads,
                       int hd, int ffn, float eps, float scale, int64_t cap, int64_t pos, const float *cs,
-                      const float *sn, float *scratch) {
+                      const float *sn, float *scratch, int parts) {
     if (pos >= cap || heads % kv_heads) return -1;
     float *n1 = scratch, *q = n1 + hidden, *k = q + heads * hd, *v = k + kv_heads * hd, *att = v + kv_heads * hd,
           *o = att + heads * hd, *sc = o + hidden, *g = sc + cap, *u = g + ffn;
@@ -623,35 +675,29 @@ int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int
         const int *K = kinds + 7 * l;
         float *kc = (float *)P[9], *vc = (float *)P[10];
         attnlab_rmsnorm(x, (const float *)P[0], eps, hidden, n1);
-        if (matmul_rows(K[0], n1, 1, hidden, (const uint8_t *)P[2], qn, q, i8) ||
-            matmul_rows(K[1], n1, 1, hidden, (const uint8_t *)P[3], kn, k, i8) ||
-            matmul_rows(K[2], n1, 1, hidden, (const uint8_t *)P[4], kn, v, i8)) return -1;
+        if (step_product(K[0], n1, hidden, (const uint8_t *)P[2], qn, q, i8, parts) ||
+            step_product(K[1], n1, hidden, (const uint8_t *)P[3], kn, k, i8, parts) ||
+            step_product(K[2], n1, hidden, (const uint8_t *)P[4], kn, v, i8, parts)) return -1;
         attnlab_rope(q, heads, hd, cs, sn);
         attnlab_rope(k, kv_heads, hd, cs, sn);
         for (int gi = 0; gi < kv_heads; gi++) {
             memcpy(kc + (gi * cap + pos) * hd, k + gi * hd, hd * sizeof(float));
             memcpy(vc + (gi * cap + pos) * hd, v + gi * hd, hd * sizeof(float));
         }
-        for (int h = 0; h < heads; h++) {
-            const float *kh = kc + (int64_t)(h / groups) * cap * hd, *vh = vc + (int64_t)(h / groups) * cap * hd;
-            const float *qh = q + h * hd;
-            float mx = -INFINITY, sum = 0.f;
-            for (int64_t t = 0; t <= pos; t++) { sc[t] = scale * dotf(qh, kh + t * hd, hd); if (sc[t] > mx) mx = sc[t]; }
-            for (int64_t t = 0; t <= pos; t++) { sc[t] = expf(sc[t] - mx); sum += sc[t]; }
-            float *ah = att + h * hd;
-            for (int i = 0; i < hd; i++) ah[i] = 0.f;
-            for (int64_t t = 0; t <= pos; t++) {
-                const float p = sc[t] / sum, *vt = vh + t * hd;
-                for (int i = 0; i < hd; i++) ah[i] += p * vt[i];
-            }
+        attn_job aj = {q, kc, vc, att, groups, hd, cap, pos, scale, 0};
+        if (parts > 1 && pos >= 64) {  /* short contexts: less work than a hand-off */
+            pool_run(attn_part, &aj, 0, heads, parts < heads ? parts : heads);
+            if (atomic_load(&aj.rc)) return -1;
+        } else {
+            attend_heads(&aj, 0, heads, sc);
         }
-        if (matmul_rows(K[3], att, 1, qn, (const uint8_t *)P[5], hidden, o, i8)) return -1;
+        if (step_product(K[3], att, qn, (const uint8_t *)P[5], hidden, o, i8, parts)) return -1;
         for (int i = 0; i < hidden; i++) x[i] += o[i];
         attnlab_rmsnorm(x, (const float *)P[1], eps, hidden, n1);
-        if (matmul_rows(K[4], n1, 1, hidden, (const uint8_t *)P[6], ffn, g, i8) ||
-            matmul_rows(K[5], n1, 1, hidden, (const uint8_t *)P[7], ffn, u, i8)) return -1;
+        if (step_product(K[4], n1, hidden, (const uint8_t *)P[6], ffn, g, i8, parts) ||
+            step_product(K[5], n1, hidden, (const uint8_t *)P[7], ffn, u, i8, parts)) return -1;
         for (int i = 0; i < ffn; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-        if (matmul_rows(K[6], g, 1, ffn, (const uint8_t *)P[8], hidden, o, i8)) return -1;
+        if (step_product(K[6], g, ffn, (const uint8_t *)P[8], hidden, o, i8, parts)) return -1;
         for (int i = 0; i < hidden; i++) x[i] += o[i];
     }
     return 0;
