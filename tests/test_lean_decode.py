@@ -125,14 +125,19 @@ def test_smollm2_texts_equal_the_modules(smollm2):
         assert got[:len(want)] == want and (len(want) == 20 or want[-1] in dec.eos), text[:40]
 
 
-def _cli(args: list[str], **env) -> tuple[str, bool]:
-    """(stdout, whether torch was imported) of `attnlab generate ARGS` in a fresh process."""
-    code = ("import sys; from attnlab.cli import main; rc = main(['generate', *sys.argv[1:]]); "
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc, file=sys.stderr)")
+def _cli(args: list[str], **env) -> tuple[str, bool, str]:
+    """(stdout, whether torch was imported, OMP_WAIT_POLICY at the end) of `attnlab generate ARGS` in a fresh
+    process."""
+    code = ("import os, sys; from attnlab.cli import main; rc = main(['generate', *sys.argv[1:]]); "
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc, os.environ.get('OMP_WAIT_POLICY'), "
+            "file=sys.stderr)")
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **env})
+                         env={**base, **env})
     assert res.returncode == 0, res.stderr
-    return res.stdout, res.stderr.strip().splitlines()[-1] == "TORCH 0"
+    torch_used, rc, policy = res.stderr.strip().splitlines()[-1].split()
+    assert rc == "0"
+    return res.stdout, torch_used == "TORCH", policy
 
 
 def test_generate_on_a_gguf_imports_no_torch(smollm2):
@@ -146,13 +151,15 @@ def test_generate_on_a_gguf_imports_no_torch(smollm2):
     chat = apply_chat_template(tok, [{"role": "user", "content": "Name a color."}])
     for args, prompt, stops in ((["--prompt", "The capital of France is"], "The capital of France is", ()),
                                 (["--chat", "--prompt", "Name a color.", "--stop", "."], chat, (".",))):
-        text, torch_used = _cli(["smollm2", *args, "--max-new-tokens", "12"])
+        text, torch_used, _ = _cli(["smollm2", *args, "--max-new-tokens", "12"])
         assert not torch_used
         ids = tok.encode(prompt, add_special_tokens=False)
         assert text == "".join(text_pieces(dec.greedy(ids, 12), tok, dec.eos, stops)) + "\n" and text.strip()
-    # sampling is the torch path's (its seeded generator)
-    _, torch_used = _cli(["smollm2", "--prompt", "Hi", "--max-new-tokens", "2", "--temperature", "0.7", "--seed", "1"])
-    assert torch_used
+    # sampling is the torch path's (its seeded generator), with torch's OpenMP threads sleeping between its ops
+    # (the C threads run the quantized products); a policy the user set stays
+    sampled = ["smollm2", "--prompt", "Hi", "--max-new-tokens", "2", "--temperature", "0.7", "--seed", "1"]
+    assert _cli(sampled)[1:] == (True, "PASSIVE")
+    assert _cli(sampled, OMP_WAIT_POLICY="ACTIVE")[1:] == (True, "ACTIVE")
 
 
 def test_long_prompts_take_the_torch_path(smollm2, monkeypatch, capsys):

@@ -75,20 +75,25 @@ def _messages(args: argparse.Namespace) -> list[dict]:
         [{"role": "user", "content": args.prompt}]
 
 
+def _is_gguf(model: str) -> bool:
+    from ..locate import resolve
+    return resolve(model).suffix.lower() == ".gguf"
+
+
 def _run_lean(args: argparse.Namespace) -> bool:
     """Greedy decoding of a .gguf kept quantized runs on the C kernels with no torch import
     (inference/lean.py): the first token comes ~2 s sooner. False (nothing printed) when it does not apply."""
     if (args.temperature != 0 or args.num_beams != 1 or args.repetition_penalty != 1.0 or args.adapter
             or args.compile or args.dequantize or os.environ.get("ATTNLAB_GENERATE_TORCH") == "1"):
         return False
-    from ..locate import resolve
-    path = resolve(args.model)
-    if path.suffix.lower() != ".gguf":
+    if not _is_gguf(args.model):
         return False
     from ..gguf_meta import tokenizer_from_gguf
     from ..inference.chat import apply_chat_template
     from ..inference.lean import LeanDecoder
     from ..inference.text_stream import prompt_tokens_kept, text_pieces
+    from ..locate import resolve
+    path = resolve(args.model)
     decoder, _ = LeanDecoder.open(path)
     if decoder is None:
         return False  # (the torch path says why, if it matters: no kernels, another tensor type)
@@ -120,6 +125,11 @@ def run(args: argparse.Namespace) -> int:
                    args.max_new_tokens)
     if _run_lean(args):
         return 0
+    if _is_gguf(args.model) and not (args.dequantize or args.compile):
+        # (before torch loads OpenMP) the quantized step's products run on attnlab's C threads, between torch's
+        # small ops whose OpenMP threads otherwise spin on the same cores: 200 sampled tokens of SmolLM2 on
+        # 2 cores took 5.8-6.2 s with the default wait policy, 3.6-4.6 s with PASSIVE (as `serve` sets it)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from . import settle_imports
     settle_imports(NAME)
     import attnlab
