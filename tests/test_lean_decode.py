@@ -84,6 +84,15 @@ def test_one_and_two_threads_give_the_same_bits(tiny, monkeypatch):
     assert np.array_equal(out[0], out[2]) and np.array_equal(out[1], out[3])
 
 
+def test_without_the_kernels_it_says_why_and_stands_aside(tiny, monkeypatch):
+    """(the command then takes the torch path, which says why with the rest: `keeps_quantized`)"""
+    from attnlab.nn import kernel_build
+    monkeypatch.setattr(kernel_build, "load", lambda: None)
+    monkeypatch.setattr(kernel_build, "why_unavailable", lambda: "no C compiler found (faked)")
+    dec, why = lean.LeanDecoder.open(tiny[0])
+    assert dec is None and why == "the C kernels are unavailable (no C compiler found (faked))"
+
+
 def test_what_it_does_not_take_and_bad_input(tiny, tmp_path):
     hf, cfg = tiny_llama()
     write_gguf(tmp_path / "f32.gguf", hf.state_dict(), cfg)  # fp32 matrices: the torch path's
