@@ -28,6 +28,12 @@ class CheckpointError(ValueError):
     """A checkpoint that does not fit the model: names the file, the tensors and the shapes."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an error message (torch's unpickling errors run to a page)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 POSITIONS = ("learned", "sinusoidal", "rope", "relative_bias", "none",
              "relative_xl")  # Transformer-XL / XLNet relative sinusoids + u, v biases (nn/relative_xl.py)
 NORMS = ("layernorm", "rmsnorm")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from .config import CheckpointError, ConfigError, ModelConfig
+from .config import CheckpointError, ConfigError, ModelConfig, first_line
 from .gguf_file import GGUFFile, StringArray, _reader
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -154,12 +154,7 @@ def tokenizer_from_gguf(path: str | Path):
         if not isinstance(err, Exception) and type(err).__name__ != "PanicException":
             raise  # KeyboardInterrupt, SystemExit
         raise CheckpointError(f"{path}: tokenizer metadata the tokenizer cannot be built from "
-                              f"({type(err).__name__}: {_first_line(err):.200})") from None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+                              f"({type(err).__name__}: {first_line(err):.200})") from None
 
 
 def _return_freed_memory() -> None:

@@ -142,12 +142,12 @@ SETTLE_LATER = frozenset({"generate"})
 # OpenMP threads that sleep between parallel regions instead of spinning: the server's decode steps run many
 # small products, between which spinning OpenMP threads kept a 2-core CPU from attnlab's own kernel threads
 # (serving benchmark, 2 threads: 42.0 -> 47.5 tok/s). Training's large products lose by it (-20% a step), so
-# only here, and only where the user has not set it.
+# only here (and for `generate` on a quantized .gguf, which asks for it), and only where the user has not set it.
 PASSIVE_OPENMP = frozenset({"serve"})
 _settled = False
 
 
-def settle_imports(command: str) -> None:
+def settle_imports(command: str, passive_openmp: bool = False) -> None:
     """Import torch now and move every object the imports made (about a million for torch) into the garbage
     collector's permanent generation, once per process. Otherwise the full collections that building a model
     and a tokenizer triggers walk them all again: 0.15-0.3 s of a `generate` cold start. Objects made
@@ -157,7 +157,7 @@ def settle_imports(command: str) -> None:
         return
     import gc
     import os
-    if command in PASSIVE_OPENMP and "torch" not in sys.modules:  # read once, when OpenMP starts
+    if (command in PASSIVE_OPENMP or passive_openmp) and "torch" not in sys.modules:  # read once, when OpenMP starts
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import torch  # noqa: F401

@@ -1,7 +1,8 @@
 """Continue a prompt with a causal language model, streaming the text to the terminal as it is
 decoded. Greedy by default; --temperature > 0 samples (optionally within --top-k / --top-p);
 --num-beams N runs beam search. --chat wraps the prompt in the model's chat template as a user
-message.
+message. Greedy decoding of a quantized .gguf starts without loading torch
+(ATTNLAB_GENERATE_TORCH=1: the torch path).
 
 examples:
   attnlab generate smollm2 --chat --prompt "What is the capital of France?"
@@ -75,9 +76,11 @@ def _messages(args: argparse.Namespace) -> list[dict]:
         [{"role": "user", "content": args.prompt}]
 
 
-def _is_gguf(model: str) -> bool:
+def _gguf(model: str):
+    """The .gguf file MODEL names, else None."""
     from ..locate import resolve
-    return resolve(model).suffix.lower() == ".gguf"
+    path = resolve(model)
+    return path if path.suffix.lower() == ".gguf" else None
 
 
 def _run_lean(args: argparse.Namespace) -> bool:
@@ -86,14 +89,13 @@ def _run_lean(args: argparse.Namespace) -> bool:
     if (args.temperature != 0 or args.num_beams != 1 or args.repetition_penalty != 1.0 or args.adapter
             or args.compile or args.dequantize or os.environ.get("ATTNLAB_GENERATE_TORCH") == "1"):
         return False
-    if not _is_gguf(args.model):
+    path = _gguf(args.model)
+    if path is None:
         return False
     from ..gguf_meta import tokenizer_from_gguf
     from ..inference.chat import apply_chat_template
     from ..inference.lean import LeanDecoder
     from ..inference.text_stream import prompt_tokens_kept, text_pieces
-    from ..locate import resolve
-    path = resolve(args.model)
     decoder, _ = LeanDecoder.open(path)
     if decoder is None:
         return False  # (the torch path says why, if it matters: no kernels, another tensor type)
@@ -125,13 +127,10 @@ def run(args: argparse.Namespace) -> int:
                    args.max_new_tokens)
     if _run_lean(args):
         return 0
-    if _is_gguf(args.model) and not (args.dequantize or args.compile):
-        # (before torch loads OpenMP) the quantized step's products run on attnlab's C threads, between torch's
-        # small ops whose OpenMP threads otherwise spin on the same cores: 200 sampled tokens of SmolLM2 on
-        # 2 cores took 5.8-6.2 s with the default wait policy, 3.6-4.6 s with PASSIVE (as `serve` sets it)
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from . import settle_imports
-    settle_imports(NAME)
+    # a quantized .gguf: its step's products run on attnlab's C threads, between torch's small ops whose OpenMP
+    # threads would otherwise spin on the same cores (200 sampled SmolLM2 tokens on 2 cores: 5.8-6.2 s, 3.6-4.6 s)
+    settle_imports(NAME, passive_openmp=_gguf(args.model) is not None and not (args.dequantize or args.compile))
     import attnlab
     from ..inference.chat import apply_chat_template
     from ..inference.generate import stream

@@ -28,7 +28,7 @@ from ..gguf_file import _reader
 from ..gguf_meta import check_shapes_before_allocating, gguf_config, unpermute_rope
 from ..nn import kernel_build
 
-_BLOCK_BYTES = {2: 18, 3: 20, 8: 34}  # GGML type -> bytes per block of 32 weights (Q4_0, Q4_1, Q8_0)
+_BLOCK_KINDS = (2, 3, 8)  # the GGML types the C steps multiply with (Q4_0, Q4_1, Q8_0)
 _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # the C steps' order
 _PROMPT_ROWS = 128  # prompt rows per prefill call: bounds the scratch (23 KB a row for SmolLM2)
 _p, _i32, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
@@ -67,7 +67,7 @@ class LeanDecoder:
         norms = [f"blk.{i}.{n}.weight" for i in range(cfg.num_layers) for n in ("attn_norm", "ffn_norm")]
         blocks = [f"blk.{i}.{n}.weight" for i in range(cfg.num_layers) for n in _MATRICES]
         blocks += ["token_embd.weight"] + (["output.weight"] if "output.weight" in infos else [])
-        if any(infos[n][1] not in _BLOCK_BYTES for n in blocks):
+        if any(infos[n][1] not in _BLOCK_KINDS for n in blocks):
             return None, "a matrix that is not Q4_0, Q4_1 or Q8_0 blocks"
         if any(infos[n][1] != 0 for n in [*norms, "output_norm.weight"]):
             return None, "a norm weight that is not F32"
@@ -146,7 +146,7 @@ class LeanDecoder:
         v, k = self.cfg.vocab_size, self.cfg.hidden_size
         kernel_build.call_bound("ggml_matmul_cols_par", _i32(self.head_kind), _ptr(n), _i64(1), _i64(k),
                                 _ptr(self.head), _i64(v), _ptr(out), _i64(0), _i64(v),
-                                _i32(max(1, min(threads(), v // 64))))
+                                _i32(max(1, min(self._threads, v // 64))))
         return out
 
     def start(self, ids: list[int], max_new_tokens: int) -> np.ndarray:
@@ -158,6 +158,7 @@ class LeanDecoder:
         if capacity > cfg.max_position_embeddings:
             raise ValueError(f"prompt of {n} tokens + max_new_tokens={max_new_tokens} exceeds the model's context "
                              f"of {cfg.max_position_embeddings} tokens")
+        self._threads = threads()  # (read once a run: an environment look-up and a system call)
         cos, sin = self._rope(capacity)
         kvn = cfg.kv_heads * cfg.dim_head
         # the prompt: rows of one sequence, its positions as the pool's slots (row b attends to slots 0..b)
@@ -176,7 +177,7 @@ class LeanDecoder:
                 "paged_decode_layers", cfg.num_layers, rows.size, _ptr(part), table, self.kinds, cfg.hidden_size,
                 cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale, n,
                 capacity, _ptr(rows), _ptr(cos), _ptr(sin), _ptr(rows), _ptr(slots), _ptr(offsets), slots.size, 0,
-                _ptr(scratch), threads())
+                _ptr(scratch), self._threads)
             x[rows] = part
         # then one token a step: the batch-1 step's cache layout (kv_heads, capacity, head_dim) per layer
         keys = [np.empty((cfg.kv_heads, capacity, cfg.dim_head), np.float32) for _ in range(cfg.num_layers)]
@@ -202,7 +203,7 @@ class LeanDecoder:
         kernel_build.call_bound(
             "llama_decode_step", cfg.num_layers, _ptr(h), run["table"], self.kinds, cfg.hidden_size, cfg.num_heads,
             cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale, run["capacity"], pos,
-            _ptr(run["cos"][pos]), _ptr(run["sin"][pos]), _ptr(run["scratch"]), threads())
+            _ptr(run["cos"][pos]), _ptr(run["sin"][pos]), _ptr(run["scratch"]), self._threads)
         run["pos"] = pos + 1
         return self._logits(h)
 

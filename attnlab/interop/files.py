@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from ..config import CheckpointError, ConfigError  # noqa: F401  (CheckpointError re-exported)
+from ..config import CheckpointError, ConfigError, first_line  # noqa: F401  (re-exported)
 
 
 # ----------------------------------------------------------------------------------- paths named by files
@@ -138,12 +138,6 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     except Exception as err:  # safetensors raises its own error types; name the file
         raise CheckpointError(f"{path}: cannot read safetensors ({first_line(err)})") from None
-
-
-def first_line(err: BaseException) -> str:
-    """The first line of an error message (torch's unpickling errors run to a page)."""
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def read_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
