@@ -15,6 +15,7 @@ from .config import ModelConfig
 from .models.base import Model, ModelOutput
 from .models.encoder import Encoder
 from .nn import make_norm
+from .nn.dropout import Dropout
 from .nn.feedforward import activation_fn
 
 
@@ -227,7 +228,7 @@ def is_regression(config: ModelConfig) -> bool:
 
 def _head_dropout(config: ModelConfig) -> nn.Dropout:
     p = config.extra.get("classifier_dropout")
-    return nn.Dropout(config.dropout if p is None else p)
+    return Dropout(config.dropout if p is None else p)
 
 
 class _Classifier(_WithBackbone):

@@ -168,7 +168,7 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
 def test_kernel_status_says_what_runs_and_why():
     status = kernels.kernel_status()
     assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "int8_gemm", "short_attention", "fused_rows",
-                                           "causal_attention", "paged_attention"]
+                                           "causal_attention", "paged_attention", "dropout"]
     for s in status:
         assert set(s) == {"name", "active", "reason"} and isinstance(s["active"], bool) and s["reason"]
         assert s["active"] == s["reason"].startswith("built with ")

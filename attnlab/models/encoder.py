@@ -11,6 +11,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..nn.disentangled import RelativePositions
+from ..nn.dropout import Dropout
 from ..nn.feedforward import activation_fn
 from ..nn.relative_xl import RelativeXL, XLPositions, cache_mems, segment_matrix, stream_masks
 from ..nn.moe import collect_router_logits, load_balancing_loss, router_z_loss
@@ -27,7 +28,7 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation_fn(config.extra.get("pooler_activation") or "tanh")
-        self.dropout = nn.Dropout(float(config.extra.get("pooler_dropout") or 0.0))
+        self.dropout = Dropout(float(config.extra.get("pooler_dropout") or 0.0))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.act(self.dense(self.dropout(hidden[:, 0])))

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .attention import Attention, AttentionMask
+from .dropout import Dropout
 from .feedforward import FeedForward
 from .moe import MoEFeedForward
 from .norms import make_norm
@@ -26,7 +27,7 @@ class Block(nn.Module):
         self.cross_norm = make_norm(config) if cross_attention else None
         self.ffn = MoEFeedForward(config) if config.num_experts else FeedForward(config)  # Mixtral: routed experts
         self.ffn_norm = make_norm(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def _residual(self, x: torch.Tensor, norm: nn.Module, sublayer) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.pre:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from .dropout import Dropout
 from .norms import make_norm
 from .positions import sinusoidal_table
 
@@ -26,7 +27,7 @@ class Embeddings(nn.Module):
         self.seg = nn.Embedding(config.type_vocab_size, e) if config.type_vocab_size > 0 else None
         self.lang = nn.Embedding(config.num_languages, e) if config.num_languages > 0 else None
         self.norm = make_norm(config, e) if config.embedding_norm else None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.project = nn.Linear(e, config.hidden_size) if e != config.hidden_size else None
         self.max_positions = config.max_position_embeddings
         self.scale = float(e) ** 0.5 if config.scale_embeddings else None

@@ -177,6 +177,13 @@ SIGNATURES: dict[str, dict] = {
                                                      for n in ("run_max", "run_sum", "picked"))],
         "checks": [(lambda a: a["cols"] > 0, "cols >= 1"), _FLAG("bf16", "logits")],
         "rows": lambda a: a["target"].numel()},
+    "dropout_rows": {"args": [Buf("x", FLOAT_ROWS), Buf("out", FLOAT_ROWS, lambda a: a["x"].numel()), Int("cols"),
+                              Int("seed"), Int("threshold"), Float("scale"), Int32("bf16")],
+                     "checks": [(lambda a: a["cols"] > 0 and a["x"].numel() % a["cols"] == 0,
+                                 "x's element count a multiple of cols"),
+                                (lambda a: 0 <= a["threshold"] < 1 << 32, "threshold in [0, 2^32)"),
+                                _SAME("x", "out"), _FLAG("bf16", "x")],
+                     "rows": lambda a: a["x"].numel() // a["cols"]},
     "causal_attention_supported": {"args": [], "status": False},
     "causal_attention_bf16": {
         "args": [Strided("q", (BF16,), lambda a: (a["q"].size(0), a["H"], a["T"], a["D"])),
@@ -198,6 +205,7 @@ KERNELS: dict[str, dict] = {
     "fused_rows": {"needs": (), "probe": None},
     "causal_attention": {"needs": ("avx512f", "avx512_bf16"), "probe": "causal_attention_supported"},
     "paged_attention": {"needs": (), "probe": None},
+    "dropout": {"needs": (), "probe": None},
 }
 
 

@@ -17,14 +17,7 @@
 
 #define AI static inline __attribute__((always_inline))
 
-AI float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-
-/* fp32 -> bf16 rounding to nearest even, NaN kept a (quiet) NaN: torch's cast */
-AI uint16_t f2bf16(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((f != f) ? ((u >> 16) | 0x40u) : rounded);
-}
+#include "bf16.h"
 
 AI float round_as(float v, int bf16) { return bf16 ? bf2f(f2bf16(v)) : v; }
 
