@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError, ModelConfig
-from ..models.base import Model
+from ..models.base import Model, skip_init
 from .files import CheckpointError, atomic_write, read_json, read_state_dict
 from .names import hf_name, tables_for, tied_keys
 from .registry import FAMILIES, Family, Row, family_of
@@ -87,8 +87,11 @@ def load_pretrained(directory: str | Path, architecture: str | None = None,
                               f"available: {', '.join(family.architectures)}")
         arch = family.default_architecture  # an unknown head in config.json: load the backbone
     cls, head_rows = family.architectures[arch]
-    model = cls(config)
     sd, source = read_state_dict(directory)
+    with skip_init():  # the checkpoint's tensors replace the random draws...
+        model = cls(config)
+    if not covers(model, sd, family, head_rows):
+        model = cls(config)  # ...unless some part is new (a fresh head): then it gets its initialisation
     load_hf_state_dict(model, sd, family, head_rows, source)
     if dtype is not None:
         model = model.to(dtype)
@@ -97,23 +100,37 @@ def load_pretrained(directory: str | Path, architecture: str | None = None,
     return model.eval()
 
 
-def load_hf_state_dict(model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row],
-                       source: Path | str = "checkpoint") -> None:
+def _ours(model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row]):
+    """(table, prefix, the checkpoint's tensors under our names, HF names that match none, head tensors
+    dropped when a head checkpoint loads as a backbone)."""
     table, prefix = tables_for(model, family, head_rows)
     has_prefix = any(k.startswith(family.backbone_prefix) for k in sd)
+    dropped: list[str] = []
     if prefix and not has_prefix:      # a bare backbone checkpoint into a head wrapper
         sd = {family.backbone_prefix + k: v for k, v in sd.items()}
     elif not prefix and has_prefix:    # a head checkpoint loaded as a backbone: keep the backbone part
         dropped = [k for k in sd if not k.startswith(family.backbone_prefix)]
         sd = {k[len(family.backbone_prefix):]: v for k, v in sd.items() if k.startswith(family.backbone_prefix)}
-        if dropped:
-            warnings.warn(f"{source}: loading the backbone only; ignored {len(dropped)} head tensors "
-                          f"({', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})", stacklevel=3)
     names = family.ignore(model.config) if callable(family.ignore) else family.ignore
     ignore = set(names) | {family.backbone_prefix + i for i in names}
-    sd = {k: v for k, v in sd.items() if k not in ignore}
+    ours, unmatched = table.from_hf({k: v for k, v in sd.items() if k not in ignore})
+    return table, prefix, ours, unmatched, dropped
+
+
+def covers(model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row]) -> bool:
+    """Whether loading `sd` fills every tensor of `model` (ties aside), so its initialisation can be skipped."""
+    ours = _ours(model, sd, family, head_rows)[2]
+    tied = tied_keys(model)
+    return all(k in ours or k in tied for k in model.state_dict())
+
+
+def load_hf_state_dict(model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row],
+                       source: Path | str = "checkpoint") -> None:
+    table, prefix, ours, unmatched, dropped = _ours(model, sd, family, head_rows)
+    if dropped:
+        warnings.warn(f"{source}: loading the backbone only; ignored {len(dropped)} head tensors "
+                      f"({', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})", stacklevel=3)
     expected = model.state_dict()
-    ours, unmatched = table.from_hf(sd)
     not_float = [f"{hf_name(table, k)} ({v.dtype})" for k, v in ours.items()
                  if k in expected and expected[k].is_floating_point() and not v.is_floating_point()]
     if not_float:  # integer or bool data where weights belong: a damaged or mislabelled file
