@@ -84,6 +84,25 @@ def test_one_and_two_threads_give_the_same_bits(tiny, monkeypatch):
     assert np.array_equal(out[0], out[2]) and np.array_equal(out[1], out[3])
 
 
+def test_thread_count_is_the_physical_cores_it_may_use(tmp_path, monkeypatch):
+    """Two hyper-threads of one core count once (torch's default); OMP_NUM_THREADS wins; no topology: the CPUs."""
+    for cpu, (package, core) in enumerate([(0, 0), (0, 0), (0, 1), (0, 1), (1, 0)]):
+        top = tmp_path / f"cpu{cpu}" / "topology"
+        top.mkdir(parents=True)
+        (top / "physical_package_id").write_text(f"{package}\n")
+        (top / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(lean, "_SYS_CPU", tmp_path)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(lean.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert lean.threads() == 3
+    monkeypatch.setattr(lean.os, "sched_getaffinity", lambda pid: {0, 2})
+    assert lean.threads() == 2
+    monkeypatch.setattr(lean.os, "sched_getaffinity", lambda pid: {0, 1, 7})  # cpu7: no topology here
+    assert lean.threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert lean.threads() == 5
+
+
 def test_without_the_kernels_it_says_why_and_stands_aside(tiny, monkeypatch):
     """(the command then takes the torch path, which says why with the rest: `keeps_quantized`)"""
     from attnlab.nn import kernel_build

@@ -38,13 +38,26 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
     return _p(a.ctypes.data)
 
 
+_SYS_CPU = Path("/sys/devices/system/cpu")
+
+
 def threads() -> int:
-    """The C steps' thread count: OMP_NUM_THREADS if set, else the CPUs this process may run on (torch's
-    default on machines with one thread per core)."""
+    """The C steps' thread count: OMP_NUM_THREADS if set, else the physical cores among the CPUs this process
+    may run on (torch's default is the physical cores too: a second hyper-thread on a core adds no memory
+    bandwidth to a decoding step, and two workers on one core wait on each other)."""
     value = os.environ.get("OMP_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:
         return int(value)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        topology = _SYS_CPU / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:  # no sysfs topology (not Linux, a container hiding it): count the CPUs
+            return len(cpus)
+    return max(1, len(cores))
 
 
 class LeanDecoder:
