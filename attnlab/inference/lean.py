@@ -43,8 +43,8 @@ _SYS_CPU = Path("/sys/devices/system/cpu")
 
 def threads() -> int:
     """The C steps' thread count: OMP_NUM_THREADS if set, else the physical cores among the CPUs this process
-    may run on (torch's default is the physical cores too: a second hyper-thread on a core adds no memory
-    bandwidth to a decoding step, and two workers on one core wait on each other)."""
+    may run on (torch's default is the physical cores too; a core's second hyper-thread adds no memory
+    bandwidth to a decoding step)."""
     value = os.environ.get("OMP_NUM_THREADS", "")
     if value.isdigit() and int(value) > 0:
         return int(value)
