@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from ..nn.kernel_build import step_scratch_floats
 from ..nn.kernels import call_bound
 from ..nn.precision import cpu_flags
 from ..nn.quantized import BlockEmbedding, BlockLinear, kernels
@@ -94,8 +95,7 @@ class BlockSteps:
         self.keep, self.ptrs, self.kinds = _layer_table(self.model, self.cache.keys, self.cache.values)
         self.capacity = self.cache.keys[0].size(2)
         self.x = torch.empty(cfg.hidden_size)
-        self.scratch = torch.empty(2 * cfg.hidden_size + 2 * (cfg.num_heads + cfg.kv_heads) * cfg.dim_head
-                                   + self.capacity + 2 * cfg.intermediate_size)
+        self.scratch = torch.empty(step_scratch_floats(cfg, scores=self.capacity))
         self.scale = cfg.attention_scale if cfg.attention_scale is not None else 1.0 / math.sqrt(cfg.dim_head)
         self.cos, self.sin = _rope_tables(self.model, self.capacity)
         return True
@@ -131,7 +131,7 @@ class PagedBlockSteps:
         self.capacity = cfg.max_position_embeddings
         self.scale = cfg.attention_scale if cfg.attention_scale is not None else 1.0 / math.sqrt(cfg.dim_head)
         self.cos, self.sin = _rope_tables(model, self.capacity)
-        self.per_row = 2 * cfg.hidden_size + 2 * (cfg.num_heads + cfg.kv_heads) * cfg.dim_head + 2 * cfg.intermediate_size
+        self.per_row = step_scratch_floats(cfg)
 
     @staticmethod
     def usable(model, pool, window) -> bool:

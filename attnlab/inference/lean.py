@@ -178,7 +178,7 @@ class LeanDecoder:
         pool_k = [np.empty((n, kvn), np.float32) for _ in range(cfg.num_layers)]
         pool_v = [np.empty((n, kvn), np.float32) for _ in range(cfg.num_layers)]
         table = self._table(pool_k, pool_v)
-        per_row = 2 * cfg.hidden_size + 2 * (cfg.num_heads + cfg.kv_heads) * cfg.dim_head + 2 * cfg.intermediate_size
+        per_row = kernel_build.step_scratch_floats(cfg)
         x = self._embed(np.asarray(ids, np.int64))
         for first in range(0, n, _PROMPT_ROWS):
             rows = np.arange(first, min(n, first + _PROMPT_ROWS), dtype=np.int64)
@@ -198,8 +198,7 @@ class LeanDecoder:
         for pk, pv, k, v in zip(pool_k, pool_v, keys, values):
             k[:, :n] = pk.reshape(n, cfg.kv_heads, cfg.dim_head).transpose(1, 0, 2)
             v[:, :n] = pv.reshape(n, cfg.kv_heads, cfg.dim_head).transpose(1, 0, 2)
-        scratch = np.empty(2 * cfg.hidden_size + 2 * (cfg.num_heads + cfg.kv_heads) * cfg.dim_head + capacity
-                           + 2 * cfg.intermediate_size, np.float32)
+        scratch = np.empty(kernel_build.step_scratch_floats(cfg, scores=capacity), np.float32)
         self._run = {"keys": keys, "values": values, "table": self._table(keys, values), "scratch": scratch,
                      "cos": cos, "sin": sin, "capacity": capacity, "pos": n}
         return self._logits(x[-1])

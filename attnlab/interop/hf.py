@@ -7,6 +7,7 @@ through its name tables (interop/names.py), files read and written by interop/fi
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import warnings
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,10 @@ def load_pretrained(directory: str | Path, architecture: str | None = None,
     sd, source = read_state_dict(directory)
     with skip_init():  # the checkpoint's tensors replace the random draws...
         model = cls(config)
-    if not covers(model, sd, family, head_rows):
+    mapped = Mapped.of(model, sd, family, head_rows)
+    if not mapped.covers(model):
         model = cls(config)  # ...unless some part is new (a fresh head): then it gets its initialisation
-    load_hf_state_dict(model, sd, family, head_rows, source)
+    load_hf_state_dict(model, sd, family, head_rows, source, mapped)
     if dtype is not None:
         model = model.to(dtype)
     if device is not None:
@@ -100,33 +102,44 @@ def load_pretrained(directory: str | Path, architecture: str | None = None,
     return model.eval()
 
 
-def _ours(model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row]):
-    """(table, prefix, the checkpoint's tensors under our names, HF names that match none, head tensors
-    dropped when a head checkpoint loads as a backbone)."""
-    table, prefix = tables_for(model, family, head_rows)
-    has_prefix = any(k.startswith(family.backbone_prefix) for k in sd)
-    dropped: list[str] = []
-    if prefix and not has_prefix:      # a bare backbone checkpoint into a head wrapper
-        sd = {family.backbone_prefix + k: v for k, v in sd.items()}
-    elif not prefix and has_prefix:    # a head checkpoint loaded as a backbone: keep the backbone part
-        dropped = [k for k in sd if not k.startswith(family.backbone_prefix)]
-        sd = {k[len(family.backbone_prefix):]: v for k, v in sd.items() if k.startswith(family.backbone_prefix)}
-    names = family.ignore(model.config) if callable(family.ignore) else family.ignore
-    ignore = set(names) | {family.backbone_prefix + i for i in names}
-    ours, unmatched = table.from_hf({k: v for k, v in sd.items() if k not in ignore})
-    return table, prefix, ours, unmatched, dropped
+@dataclass
+class Mapped:
+    """A checkpoint's tensors under our names for one model class and config: `table` and `prefix` (the head
+    wrapper's backbone prefix, or ""), `ours` (our name -> tensor), `unmatched` (HF names that match none),
+    `dropped` (head tensors left out when a head checkpoint loads as a backbone)."""
+    table: Any
+    prefix: str
+    ours: dict[str, torch.Tensor]
+    unmatched: list[str]
+    dropped: list[str]
 
+    @classmethod
+    def of(cls, model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row]) -> "Mapped":
+        table, prefix = tables_for(model, family, head_rows)
+        has_prefix = any(k.startswith(family.backbone_prefix) for k in sd)
+        dropped: list[str] = []
+        if prefix and not has_prefix:      # a bare backbone checkpoint into a head wrapper
+            sd = {family.backbone_prefix + k: v for k, v in sd.items()}
+        elif not prefix and has_prefix:    # a head checkpoint loaded as a backbone: keep the backbone part
+            dropped = [k for k in sd if not k.startswith(family.backbone_prefix)]
+            sd = {k[len(family.backbone_prefix):]: v for k, v in sd.items() if k.startswith(family.backbone_prefix)}
+        names = family.ignore(model.config) if callable(family.ignore) else family.ignore
+        ignore = set(names) | {family.backbone_prefix + i for i in names}
+        ours, unmatched = table.from_hf({k: v for k, v in sd.items() if k not in ignore})
+        return cls(table, prefix, ours, unmatched, dropped)
 
-def covers(model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row]) -> bool:
-    """Whether loading `sd` fills every tensor of `model` (ties aside), so its initialisation can be skipped."""
-    ours = _ours(model, sd, family, head_rows)[2]
-    tied = tied_keys(model)
-    return all(k in ours or k in tied for k in model.state_dict())
+    def covers(self, model: Model) -> bool:
+        """Whether loading fills every tensor of `model` (ties aside), so its initialisation can be skipped."""
+        tied = tied_keys(model)
+        return all(k in self.ours or k in tied for k in model.state_dict())
 
 
 def load_hf_state_dict(model: Model, sd: dict[str, torch.Tensor], family: Family, head_rows: list[Row],
-                       source: Path | str = "checkpoint") -> None:
-    table, prefix, ours, unmatched, dropped = _ours(model, sd, family, head_rows)
+                       source: Path | str = "checkpoint", mapped: Mapped | None = None) -> None:
+    """Copy `sd` (HF names) into `model`, with clear errors for missing, mis-shaped or non-float tensors.
+    `mapped`: the names already mapped for a model of this class and config (load_pretrained maps once)."""
+    m = mapped or Mapped.of(model, sd, family, head_rows)
+    table, prefix, ours, unmatched, dropped = m.table, m.prefix, m.ours, m.unmatched, m.dropped
     if dropped:
         warnings.warn(f"{source}: loading the backbone only; ignored {len(dropped)} head tensors "
                       f"({', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})", stacklevel=3)

@@ -19,7 +19,7 @@ from ..config import ModelConfig
 from .block_sparse import block_sparse_attention, dense_attention, draw_random_blocks, token_counts, uses_blocks
 from .disentangled import DisentangledBias
 from . import dropout as _dropout
-from .cpu_attention import causal_attention, short_attention
+from .cpu_attention import causal_attention, rows_see_a_key, short_attention
 from .cpu_linear import forget_packed, module_linear, packed_linear, plain_module, unhooked
 from .flash import tiled_attention
 from .int8 import Int8Linear
@@ -47,10 +47,7 @@ class AttentionMask:
     def allowed(self) -> torch.Tensor | None:
         if self._allowed is None and self._recipe is not None:
             tq, tk = self._recipe["shape"]
-            allowed = self._from_recipe(0, tq, 0, tk)
-            # A query that may see nothing (a left-pad position under a causal mask) would give NaN;
-            # let it see everything instead: its output is padding and is never used.
-            self._allowed = allowed | ~allowed.any(-1, keepdim=True)
+            self._allowed = rows_see_a_key(self._from_recipe(0, tq, 0, tk))
         return self._allowed
 
     def __repr__(self) -> str:
@@ -212,8 +209,7 @@ def _attention_dropout(q, k, v, mask: AttentionMask, bias, scale: float, dropout
     if bias is not None:
         scores = scores + bias
     if keep is not None:
-        keep = keep.to(torch.bool)
-        keep = keep | ~keep.any(-1, keepdim=True)  # a row of no keys sees all (no NaN from an empty softmax)
+        keep = rows_see_a_key(keep.to(torch.bool))
         hidden = torch.zeros(keep.shape, dtype=scores.dtype, device=q.device).masked_fill_(~keep, float("-inf"))
         scores = scores + hidden[:, None, None, :]
     probs = scores.float().softmax(-1).to(q.dtype)

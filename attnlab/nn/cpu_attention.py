@@ -20,6 +20,13 @@ MAX_KEYS = 128       # beyond it torch's flash kernel (key blocks, no per-head p
 _MAX_TILE = 16384    # the kernel's stack tile: head_dim x keys padded to 16
 
 
+def rows_see_a_key(keep: torch.Tensor) -> torch.Tensor:
+    """Boolean `keep` (..., Tk) with every row that keeps no key made to keep all of them: such a row (a padding
+    query under a causal mask, a batch row of padding only) would get NaN from an empty softmax, and its output
+    is padding that nothing reads."""
+    return keep | ~keep.any(-1, keepdim=True)
+
+
 def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
                     scale: float) -> torch.Tensor | None:
     """q (B, Hq, Tq, D), k/v (B, Hk, Tk, D), keep (B, Tk) or (1, Tk) bool (True = real key) or None. Returns
@@ -40,9 +47,8 @@ def short_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: tor
     if not kernels.active("short_attention"):
         return None
     if keep is not None:
-        keep = keep.to(torch.bool)
-        # a row of no keys sees all; one (1, Tk) mask serves every batch row
-        keep = (keep | ~keep.any(-1, keepdim=True)).expand(b, tk).to(torch.uint8).contiguous()
+        # one (1, Tk) mask serves every batch row
+        keep = rows_see_a_key(keep.to(torch.bool)).expand(b, tk).to(torch.uint8).contiguous()
     out = torch.empty(b, tq, hq, d, dtype=torch.float32)
     kernels.call("short_attention", q, k, v, b, hq, hk, tq, tk, d, keep, float(scale), out)
     return out.transpose(1, 2)

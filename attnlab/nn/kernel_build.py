@@ -148,3 +148,11 @@ def call_bound(fn: str, *values) -> None:
     rc = getattr(lib, fn)(*values)
     if rc:
         raise RuntimeError(f"C kernel function {fn} failed with status {rc}")
+
+
+def step_scratch_floats(cfg, scores: int = 0) -> int:
+    """Floats of scratch memory a row of the C decoding steps uses (`paged_decode_layers` in csrc/paged_step.c,
+    per row; `llama_decode_step` in csrc/ggml_blocks.c with `scores` = its cache capacity, one score a cached
+    position): the normed input and attention output, q and its output, k, v and the FFN's two halves."""
+    return (2 * cfg.hidden_size + 2 * (cfg.num_heads + cfg.kv_heads) * cfg.dim_head + 2 * cfg.intermediate_size
+            + scores)
