@@ -8,6 +8,10 @@ one line per run goes to `--out` (resumable: runs already there are skipped).
     ATTNLAB_DATA=../shared/data python research/quality/epochs_grid.py --work runs/epochs \\
         --tasks mrpc,stsb --epochs 2 3 --seeds 1 2 3
 
+`--sizes 2000 8000` trains on a seeded draw of that many lines of what remains after the validation part
+(`finetune --max-train-samples`, as `attnlab curve` draws), for the mid-size range; `--epochs default` runs
+the command without `--epochs` (the schedule the defaults pick for that size).
+
 Runs one thread each (OMP_NUM_THREADS=1) so two grids can share a 2-core machine.
 """
 from __future__ import annotations
@@ -26,18 +30,31 @@ METRIC = {"mrpc": "eval_f1", "stsb": "eval_spearman", "rte": "eval_accuracy", "c
           "sst2": "eval_accuracy"}
 
 
-def done(out: Path) -> set[tuple[str, float, int]]:
+def epochs_arg(text: str) -> float | str:
+    return "default" if text == "default" else float(text)
+
+
+def key(task: str, size: int | None, epochs: float | str, seed: int) -> tuple:
+    return task, size, epochs if epochs == "default" else float(epochs), int(seed)
+
+
+def done(out: Path) -> set[tuple]:
     if not out.exists():
         return set()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["task"], float(r["epochs"]), int(r["seed"])) for r in rows}
+    return {key(r["task"], r.get("size"), r["epochs"], r["seed"]) for r in rows}
 
 
-def run(task: str, epochs: float, seed: int, work: Path, data: Path) -> dict:
-    out_dir = work / f"{task}-e{epochs:g}-s{seed}"
+def run(task: str, size: int | None, epochs: float | str, seed: int, work: Path, data: Path) -> dict:
+    name = f"{task}{'' if size is None else f'-n{size}'}-e{epochs if epochs == 'default' else f'{epochs:g}'}"
+    out_dir = work / f"{name}-s{seed}"
     cmd = [str(Path(sys.executable).with_name("attnlab")), "finetune", task, "--model", "minilm",
-           "--train", str(data / "glue" / TRAIN[task] / "train.tsv"), "--epochs", f"{epochs:g}",
-           "--seed", str(seed), "--output", str(out_dir), "--no-progress"]
+           "--train", str(data / "glue" / TRAIN[task] / "train.tsv"), "--seed", str(seed), "--output", str(out_dir),
+           "--no-progress"]
+    if epochs != "default":
+        cmd += ["--epochs", f"{epochs:g}"]
+    if size is not None:
+        cmd += ["--max-train-samples", str(size)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
@@ -45,10 +62,14 @@ def run(task: str, epochs: float, seed: int, work: Path, data: Path) -> dict:
         subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     curve = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    key = METRIC[task]
-    evals = [(r["step"], r[key]) for r in curve if key in r]
-    every = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")} for r in curve if key in r]
-    return {"task": task, "epochs": epochs, "seed": seed, "metric": key,
+    metric = METRIC[task]
+    scored = [r for r in curve if metric in r and "step" in r]
+    # a run of no optimizer steps (a SetFit stage alone, below 500 lines) has only its summary line
+    scored = scored or [{"step": 0, **{k: v for k, v in curve[-1].items() if k.startswith("eval_")}}]
+    evals = [(r["step"], r[metric]) for r in scored]
+    every = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")} for r in scored]
+    steps = [r["step"] for r in scored]
+    return {"task": task, "size": size, "epochs": epochs, "seed": seed, "metric": metric, "steps": max(steps),
             "curve": evals, "evals": every, "final": evals[-1][1], "best": max(v for _, v in evals),
             "wall_s": round(time.time() - start, 1),
             "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
@@ -56,38 +77,49 @@ def run(task: str, epochs: float, seed: int, work: Path, data: Path) -> dict:
 
 
 def table(out: Path) -> None:
-    """Per task and epoch count: the kept (best) and the last validation figure, mean +- standard error over
-    seeds, and the paired difference between the two epoch counts where both ran on the same seeds."""
+    """Per task, size and epoch count: the kept (best) and the last validation figure, mean +- standard error
+    over seeds, and the paired difference between neighbouring epoch counts where both ran on the same seeds."""
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    by: dict[tuple[str, float], dict[int, dict]] = {}
+    by: dict[tuple, dict[int, dict]] = {}
     for r in rows:
-        by.setdefault((r["task"], float(r["epochs"])), {})[int(r["seed"])] = r
+        task, size, epochs, seed = key(r["task"], r.get("size"), r["epochs"], r["seed"])
+        by.setdefault((task, size, epochs), {})[seed] = r
 
     def mean_se(values: list[float]) -> str:
         m = sum(values) / len(values)
         se = (sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5 if len(values) > 1 else 0.0
         return f"{m:.2f} +- {se:.2f} (n={len(values)})"
 
-    for (task, epochs), seeds in sorted(by.items()):
+    def order(k: tuple) -> tuple:
+        task, size, epochs = k
+        return task, size or 0, -1 if epochs == "default" else epochs
+
+    for (task, size, epochs), seeds in sorted(by.items(), key=lambda kv: order(kv[0])):
         best = [r["best"] for r in seeds.values()]
         last = [r["final"] for r in seeds.values()]
         cpu = [r["cpu_s"] for r in seeds.values()]
-        print(f"{task} {epochs:g} epochs: kept {mean_se(best)}, last {mean_se(last)}, CPU {sum(cpu) / len(cpu):.0f} s")
-    tasks = sorted({t for t, _ in by})
-    for task in tasks:
-        counts = sorted(e for t, e in by if t == task)
+        steps = {r.get("steps") or r["curve"][-1][0] for r in seeds.values()}
+        shown = epochs if epochs == "default" else f"{epochs:g}"
+        print(f"{task} {'all' if size is None else size} lines, {shown} epochs ({'/'.join(map(str, steps))} steps): "
+              f"kept {mean_se(best)}, last {mean_se(last)}, CPU {sum(cpu) / len(cpu):.0f} s")
+    for task, size in sorted({(t, n) for t, n, _ in by}, key=lambda k: (k[0], k[1] or 0)):
+        counts = sorted((e for t, n, e in by if (t, n) == (task, size)), key=lambda e: -1 if e == "default" else e)
         for a, b in zip(counts, counts[1:]):
-            common = sorted(set(by[(task, a)]) & set(by[(task, b)]))
+            common = sorted(set(by[(task, size, a)]) & set(by[(task, size, b)]))
             if len(common) > 1:
-                diffs = [by[(task, a)][s]["best"] - by[(task, b)][s]["best"] for s in common]
-                print(f"{task} kept, {a:g} minus {b:g} epochs (paired, seeds {common}): {mean_se(diffs)}")
+                diffs = [by[(task, size, a)][s]["best"] - by[(task, size, b)][s]["best"] for s in common]
+                print(f"{task} {'all' if size is None else size} lines, kept, {a} minus {b} epochs "
+                      f"(paired, seeds {common}): {mean_se(diffs)}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--tasks", default="mrpc,stsb,rte,cola")
-    p.add_argument("--epochs", type=float, nargs="+", default=[2.0, 3.0])
+    p.add_argument("--epochs", type=epochs_arg, nargs="+", default=[2.0, 3.0],
+                   help="epoch counts; 'default' runs without --epochs")
+    p.add_argument("--sizes", type=int, nargs="+", default=[None],
+                   help="training lines drawn from the file (default: all of it)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--table", action="store_true", help="print the summary of --work's results and stop")
     args = p.parse_args()
@@ -101,15 +133,16 @@ def main() -> None:
     out = args.work / "results.jsonl"
     have = done(out)
     for task in args.tasks.split(","):
-        for seed in args.seeds:
-            for epochs in args.epochs:
-                if (task, epochs, seed) in have:
-                    continue
-                row = run(task, epochs, seed, args.work, data)
-                with open(out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(f"{time.strftime('%H:%M')} {task} e{epochs:g} s{seed}: final {row['final']:.2f} "
-                      f"best {row['best']:.2f}; CPU {row['cpu_s']:.0f} s", flush=True)
+        for size in args.sizes:
+            for seed in args.seeds:
+                for epochs in args.epochs:
+                    if key(task, size, epochs, seed) in have:
+                        continue
+                    row = run(task, size, epochs, seed, args.work, data)
+                    with open(out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(f"{time.strftime('%H:%M')} {task} n{size} e{epochs} s{seed}: final {row['final']:.2f} "
+                          f"best {row['best']:.2f}; {row['steps']} steps, CPU {row['cpu_s']:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
