@@ -1,6 +1,7 @@
 """The serving engine's decoding step as one C call (`PagedBlockSteps`, csrc/paged_step.c) on a GGUF model kept
 quantized: the same logits as the modules' step (to fp32 rounding) and the same greedy outputs on a mixed
-workload (fp32 and fp16 pools), the same bits on 1 and 2 threads, only where it can run, and bad slots refused before C writes."""
+workload (fp32 and fp16 pools), the same bits on 1 and 2 threads, only where it can run (not while a forward hook
+is on the model), and bad slots refused before C writes."""
 from __future__ import annotations
 
 import pytest
@@ -109,6 +110,31 @@ def test_c_step_only_where_it_can_run(tiny):
     assert Engine(model, num_blocks=8).block_steps is not None
     assert (Engine(model, num_blocks=8, kv_dtype=torch.float16).block_steps is not None) == F16C
     assert Engine(attnlab.load(path), num_blocks=8).block_steps is None  # dequantized to fp32: no blocks
+
+
+def test_a_hook_added_after_the_engine_was_built_sees_the_modules_run(tiny, monkeypatch):
+    """The C step stands aside at each step while a forward hook is on the model (a module's or a global one):
+    the hook sees every decoding step, and the outputs stay the C step's."""
+    _, model = tiny
+    calls = []
+    door = block_step.call_bound
+    monkeypatch.setattr(block_step, "call_bound", lambda fn, *v: (calls.append(fn), door(fn, *v)))
+    prompts, params = _workload(4)
+    expected = Engine(model, num_blocks=64, block_size=4, max_batch=4).generate(prompts, params)
+    assert calls
+    hooks = (model.backbone.layers[0].register_forward_hook, torch.nn.modules.module.register_module_forward_hook)
+    for register in hooks:
+        engine = Engine(model, num_blocks=64, block_size=4, max_batch=4)
+        assert engine.block_steps is not None  # built before the hook: it is asked again at each step
+        seen, calls[:] = [], []
+        handle = register(lambda *a: seen.append(1))
+        try:
+            outs = engine.generate(prompts, params)
+        finally:
+            handle.remove()
+        assert outs == expected and not calls
+        assert len(seen) >= max(p.max_new_tokens for p in params)  # each decoding step ran the modules
+        assert engine.block_steps.runs_now()
 
 
 def test_c_step_refuses_a_bad_slot_before_writing(tiny, monkeypatch):

@@ -17,6 +17,7 @@ import ctypes
 import math
 
 import torch
+from torch import nn
 
 from ..nn.kernel_build import step_scratch_floats
 from ..nn.kernels import call_bound
@@ -50,7 +51,15 @@ def supported(model) -> bool:
             return False
         if not all(isinstance(layer.get_submodule(n), BlockLinear) for n in _PROJ):
             return False
-    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    return not hooked(model)
+
+
+def hooked(model) -> bool:
+    """Whether a forward hook (on one of the model's modules, or a global one) must see the modules run: the C
+    steps would run past it. Asked again at every step of a long-lived engine, since a hook can come at any time
+    (~450 modules for SmolLM2: tens of microseconds against a step's milliseconds)."""
+    return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+                or any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
 
 
 def _layer_table(model, keys: list[torch.Tensor], values: list[torch.Tensor]):
@@ -132,6 +141,10 @@ class PagedBlockSteps:
         self.scale = cfg.attention_scale if cfg.attention_scale is not None else 1.0 / math.sqrt(cfg.dim_head)
         self.cos, self.sin = _rope_tables(model, self.capacity)
         self.per_row = step_scratch_floats(cfg)
+
+    def runs_now(self) -> bool:
+        """False while a forward hook is on the model (added after the engine was built): the modules run then."""
+        return not hooked(self.model)
 
     @staticmethod
     def usable(model, pool, window) -> bool:

@@ -490,7 +490,7 @@ class Engine:
             try:
                 if group is decode and self.decoder is not None:
                     ready, tokens = group, self._sample(group, self._decode_compiled(group))
-                elif group is decode and self.block_steps is not None:
+                elif group is decode and self.block_steps is not None and self.block_steps.runs_now():
                     ready, tokens = group, self._sample(group, self._block_decode(group))
                 elif group is decode:
                     ready, tokens = group, self._sample(group, self._forward(group))
