@@ -66,6 +66,38 @@ def test_skip_init_puts_torch_init_back():
     assert lin.weight.shape == (8, 8)
 
 
+def test_another_thread_still_initialises_while_one_skips():
+    """skip_init is per thread: a model built in another thread meanwhile gets torch's initialisation (the same
+    draws as without any skip), and the thread inside skips; torch.nn.init is whole again once both are out."""
+    import threading
+    torch.manual_seed(0)
+    want = nn.Linear(16, 16).weight.detach().clone()
+    before = nn.init.kaiming_uniform_
+    inside, done = threading.Event(), threading.Event()
+    state: dict = {}
+
+    def skipper():
+        with skip_init():
+            rng = torch.get_rng_state()
+            nn.Linear(16, 16)
+            state["drew"] = not torch.equal(rng, torch.get_rng_state())
+            inside.set()
+            done.wait(10)
+
+    t = threading.Thread(target=skipper)
+    t.start()
+    try:
+        assert inside.wait(10)
+        torch.manual_seed(0)
+        got = nn.Linear(16, 16).weight.detach()
+    finally:
+        done.set()
+        t.join()
+    assert torch.equal(got, want)
+    assert state["drew"] is False  # the thread inside skip_init drew no random numbers
+    assert nn.init.kaiming_uniform_ is before
+
+
 def test_sentence_transformers_checkpoint_loads_like_the_slow_path(minilm):
     fast = attnlab.load(minilm)
     from attnlab.interop import hf
