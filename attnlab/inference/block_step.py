@@ -17,8 +17,8 @@ import ctypes
 import math
 
 import torch
-from torch import nn
 
+from ..nn.cpu_linear import unhooked
 from ..nn.kernel_build import step_scratch_floats
 from ..nn.kernels import call_bound
 from ..nn.precision import cpu_flags
@@ -58,8 +58,7 @@ def hooked(model) -> bool:
     """Whether a forward hook (on one of the model's modules, or a global one) must see the modules run: the C
     steps would run past it. Asked again at every step of a long-lived engine, since a hook can come at any time
     (~450 modules for SmolLM2: tens of microseconds against a step's milliseconds)."""
-    return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
-                or any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()))
+    return not all(unhooked(m) for m in model.modules())
 
 
 def _layer_table(model, keys: list[torch.Tensor], values: list[torch.Tensor]):
