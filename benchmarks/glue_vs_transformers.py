@@ -14,7 +14,8 @@ Trainer first, ...). The report sets (GLUE dev; SST-2: 872 sentences carved out 
 the unseen task: the test blocks of five books) are scored once per run and never used to choose anything.
 
 Every finished run appends a JSON line to --results (default WORK/results.jsonl); --resume skips runs already
-there, so a killed run loses nothing. The table: per task and metric, mean +- standard error over the seeds for
+there, so a killed run loses nothing. Each run holds a lock (RUN.lock beside its directory) while it runs, so two
+instances with the same --work and --resume share the runs (one core each) instead of running one twice. The table: per task and metric, mean +- standard error over the seeds for
 each side, the difference and whether it exceeds two standard errors of the difference, mean wall and CPU time
 and their ratios attnlab / Trainer. Goal: attnlab at least the Trainer's quality in <= 0.5x its wall time.
 
@@ -24,6 +25,7 @@ and their ratios attnlab / Trainer. Goal: attnlab at least the Trainer's quality
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -36,6 +38,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks, one instance at a time
+    fcntl = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import data_root, table  # noqa: E402
@@ -216,10 +223,29 @@ def append_line(path: Path, line: str) -> None:
         fh.write(("\n" if cut else "") + line + "\n")
 
 
+@contextlib.contextmanager
+def claimed(lock: Path):
+    """True while this process holds `lock` for a run; False when another process holds it. The kernel drops
+    the lock when its process dies, so a killed instance leaves nothing to clean up."""
+    with open(lock, "a") as fh:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+        yield True
+
+
 def run_key(task: str, side: str, seed: int, config: dict) -> tuple:
     """What makes two runs the same run: --resume skips one whose key is in the results already."""
     return (task, side, seed, config["threads"], tuple(config["limit"] or ()),
             config["padding"] if side == "trainer" else None)
+
+
+def finished(results: Path) -> set[tuple]:
+    """The keys of the runs in `results` (another instance may have added some since this one started)."""
+    return {run_key(r["task"], r["side"], r["seed"], r["config"]) for r in read_results(results)}
 
 
 def current(records: list[dict], seeds: list[int], config: dict) -> dict:
@@ -274,7 +300,7 @@ def main() -> None:
           f"Trainer padding: {padding_note}", flush=True)
     print(f"load before: {load_before}\nwork: {work}\nresults: {results}", flush=True)
 
-    done = {run_key(r["task"], r["side"], r["seed"], r["config"]) for r in read_results(results) if args.resume}
+    done = finished(results) if args.resume else set()
     prepared = {}
     for task in tasks:
         prepared[task] = p = prepare(task, root, work, *limit)
@@ -287,14 +313,21 @@ def main() -> None:
                     continue
                 out = work / "runs" / task / f"{side}-seed{seed}"
                 out.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    rec = run_attnlab(p, seed, out, args.threads, args.keep_models) if side == "attnlab" else \
-                        run_trainer(p, seed, out, args.threads, args.trainer_padding, model_dir)
-                except RuntimeError as err:  # reported, and the other runs go on; --resume tries it again
-                    print(f"{task} seed {seed} {side} FAILED: {err}", flush=True)
-                    continue
-                rec = {"task": task, "side": side, "seed": seed, "config": config, "date": time.time(), **rec}
-                append_line(results, json.dumps(rec))
+                with claimed(out.with_name(out.name + ".lock")) as mine:
+                    if not mine:
+                        print(f"{task} seed {seed} {side}: running in another instance", flush=True)
+                        continue
+                    if args.resume and run_key(task, side, seed, config) in finished(results):
+                        print(f"{task} seed {seed} {side}: finished by another instance", flush=True)
+                        continue
+                    try:
+                        rec = run_attnlab(p, seed, out, args.threads, args.keep_models) if side == "attnlab" \
+                            else run_trainer(p, seed, out, args.threads, args.trainer_padding, model_dir)
+                    except RuntimeError as err:  # reported, and the other runs go on; --resume tries it again
+                        print(f"{task} seed {seed} {side} FAILED: {err}", flush=True)
+                        continue
+                    rec = {"task": task, "side": side, "seed": seed, "config": config, "date": time.time(), **rec}
+                    append_line(results, json.dumps(rec))
                 shown = ", ".join(f"{m} {rec['metrics'][m]:.2f}" for m in p.metrics)
                 print(f"{task} seed {seed} {side}: {shown}; wall {rec['wall_s']:.0f} s, CPU {rec['cpu_s']:.0f} s",
                       flush=True)

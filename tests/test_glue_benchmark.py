@@ -180,3 +180,40 @@ def test_trainer_side_ner_labels_first_pieces_and_reads_tags_back(minilm):
     assert gt.word_tags(enc, examples, logits, labels) == [ex["tags"] for ex in examples]
     long = [{"words": ["x"] * 600, "tags": ["B-PER"] * 600}]
     assert gt.word_tags(gt.pieces(tok, long), long, np.zeros((1, 512, 4)), labels)[0][-1] == "O"
+
+
+def test_a_run_held_by_one_instance_is_not_taken_by_another(tmp_path):
+    lock = tmp_path / "attnlab-seed1.lock"
+    with bench.claimed(lock) as first:
+        with bench.claimed(lock) as second:
+            assert first and not second
+    with bench.claimed(lock) as again:
+        assert again
+
+
+def test_a_killed_instance_leaves_its_run_free(tmp_path):
+    import subprocess
+    lock = tmp_path / "attnlab-seed1.lock"
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import glue_vs_transformers as b; "
+            "cm = b.claimed(__import__('pathlib').Path(sys.argv[2])); assert cm.__enter__(); "
+            "print('held', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(Path(bench.__file__).parent), str(lock)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with bench.claimed(lock) as mine:
+            assert not mine
+    finally:
+        child.kill()
+        child.wait()
+    with bench.claimed(lock) as mine:
+        assert mine
+
+
+def test_resume_sees_runs_another_instance_finished(tmp_path):
+    results = tmp_path / "results.jsonl"
+    config = {"threads": 1, "limit": None, "padding": "dynamic"}
+    assert bench.finished(results) == set()
+    bench.append_line(results, '{"task": "rte", "side": "attnlab", "seed": 1, "config": '
+                      '{"threads": 1, "limit": null, "padding": "dynamic"}}')
+    assert bench.run_key("rte", "attnlab", 1, config) in bench.finished(results)
