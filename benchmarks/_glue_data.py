@@ -53,9 +53,11 @@ def raw_lines(path: Path) -> list[str]:
 
 
 def write_lines(path: Path, header: str | None, lines: list[str]) -> Path:
+    """Written whole or not at all (`atomic_write`): another benchmark instance may be reading the same file."""
+    from attnlab.interop.files import atomic_write
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{line}\n" for line in ([header] if header is not None else []) + lines),
-                    encoding="utf-8")
+    text = "".join(f"{line}\n" for line in ([header] if header is not None else []) + lines)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
 
 
@@ -203,11 +205,16 @@ def book_rows(root: Path, n_train: int = BOOK_TRAIN, n_test: int = BOOK_TEST,
 
 
 def write_csv(path: Path, rows: list[tuple[str, str, int]]) -> Path:
+    """Written whole or not at all, as `write_lines`."""
+    from attnlab.interop.files import atomic_write
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["text", "label"])
-        writer.writerows((text, label) for text, label, _ in rows)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["text", "label"])
+            writer.writerows((text, label) for text, label, _ in rows)
+    atomic_write(path, write)
     return path
 
 

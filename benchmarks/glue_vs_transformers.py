@@ -14,8 +14,9 @@ Trainer first, ...). The report sets (GLUE dev; SST-2: 872 sentences carved out 
 the unseen task: the test blocks of five books) are scored once per run and never used to choose anything.
 
 Every finished run appends a JSON line to --results (default WORK/results.jsonl); --resume skips runs already
-there, so a killed run loses nothing. Each run holds a lock (RUN.lock beside its directory) while it runs, so two
-instances with the same --work and --resume share the runs (one core each) instead of running one twice. The table: per task and metric, mean +- standard error over the seeds for
+there, so a killed run loses nothing. Each run holds a lock (RUN.lock beside its directory) while it runs, and
+the data files are replaced whole, so two instances with the same --work and --resume share the runs (a core
+each) instead of running one twice. The table: per task and metric, mean +- standard error over the seeds for
 each side, the difference and whether it exceeds two standard errors of the difference, mean wall and CPU time
 and their ratios attnlab / Trainer. Goal: attnlab at least the Trainer's quality in <= 0.5x its wall time.
 

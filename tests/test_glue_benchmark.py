@@ -217,3 +217,17 @@ def test_resume_sees_runs_another_instance_finished(tmp_path):
     bench.append_line(results, '{"task": "rte", "side": "attnlab", "seed": 1, "config": '
                       '{"threads": 1, "limit": null, "padding": "dynamic"}}')
     assert bench.run_key("rte", "attnlab", 1, config) in bench.finished(results)
+
+
+def test_data_files_are_replaced_whole_under_a_reader(tmp_path):
+    # another instance reading the file while this one writes it again sees one whole version
+    path = gd.write_lines(tmp_path / "train.tsv", "sentence\tlabel", ["old\t0"] * 1000)
+    with open(path) as reader:
+        gd.write_lines(path, "sentence\tlabel", ["new\t1"])
+        assert reader.read().count("old\t0") == 1000
+    rows = [("a passage", "Emma", 0)]
+    with open(gd.write_csv(tmp_path / "train.csv", rows * 500)) as reader:
+        gd.write_csv(tmp_path / "train.csv", rows)
+        assert reader.read().count("a passage") == 500
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.csv", "train.tsv"]
+    assert path.read_text() == "sentence\tlabel\nnew\t1\n"
