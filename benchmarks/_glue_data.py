@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.interop.files import atomic_write
+
 # task -> (attnlab task name, training file, report file or None, metrics shown): the report file is the GLUE dev
 # set where there is one. SST-2 has none here, so its report set is carved out of its training file (sst2_split).
 GLUE = {
@@ -54,7 +56,6 @@ def raw_lines(path: Path) -> list[str]:
 
 def write_lines(path: Path, header: str | None, lines: list[str]) -> Path:
     """Written whole or not at all (`atomic_write`): another benchmark instance may be reading the same file."""
-    from attnlab.interop.files import atomic_write
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(f"{line}\n" for line in ([header] if header is not None else []) + lines)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
@@ -206,7 +207,6 @@ def book_rows(root: Path, n_train: int = BOOK_TRAIN, n_test: int = BOOK_TEST,
 
 def write_csv(path: Path, rows: list[tuple[str, str, int]]) -> Path:
     """Written whole or not at all, as `write_lines`."""
-    from attnlab.interop.files import atomic_write
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: str) -> None:

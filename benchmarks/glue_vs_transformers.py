@@ -14,7 +14,8 @@ Trainer first, ...). The report sets (GLUE dev; SST-2: 872 sentences carved out 
 the unseen task: the test blocks of five books) are scored once per run and never used to choose anything.
 
 Every finished run appends a JSON line to --results (default WORK/results.jsonl); --resume skips runs already
-there, so a killed run loses nothing. Each run holds a lock (RUN.lock beside its directory) while it runs, and
+there, so a killed run loses nothing; --rerun attnlab runs attnlab's side again (after its defaults changed) and
+keeps the Trainer's runs, the newest run of each counting. Each run holds a lock (RUN.lock beside its directory) while it runs, and
 the data files are replaced whole, so two instances with the same --work and --resume share the runs (a core
 each) instead of running one twice. The table: per task and metric, mean +- standard error over the seeds for
 each side, the difference and whether it exceeds two standard errors of the difference, mean wall and CPU time
@@ -52,6 +53,7 @@ from _glue_data import BOOK_TASK, GLUE, prepare  # noqa: E402
 TASKS = ("rte", "mrpc", "stsb", "cola", "sst2", BOOK_TASK, "conll2003")  # the small ones first
 TRAINER = Path(__file__).resolve().parent / "_glue_trainer.py"
 MODEL = "minilm"
+SIDES = ("attnlab", "trainer")
 
 
 # ------------------------------------------------------------------------------------------ the arithmetic
@@ -244,9 +246,11 @@ def run_key(task: str, side: str, seed: int, config: dict) -> tuple:
             config["padding"] if side == "trainer" else None)
 
 
-def finished(results: Path) -> set[tuple]:
-    """The keys of the runs in `results` (another instance may have added some since this one started)."""
-    return {run_key(r["task"], r["side"], r["seed"], r["config"]) for r in read_results(results)}
+def finished(results: Path, rerun: tuple[str, ...] = (), since: float = 0.0) -> set[tuple]:
+    """The keys of the runs in `results` (another instance may have added some since this one started); a side
+    in `rerun` counts only its runs that finished at `since` or later."""
+    return {run_key(r["task"], r["side"], r["seed"], r["config"]) for r in read_results(results)
+            if r["side"] not in rerun or r.get("date", 0.0) >= since}
 
 
 def current(records: list[dict], seeds: list[int], config: dict) -> dict:
@@ -280,6 +284,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, help="directory for data, runs and results (default: a new temporary one)")
     ap.add_argument("--results", type=Path, help="JSON lines of finished runs (default WORK/results.jsonl)")
     ap.add_argument("--resume", action="store_true", help="skip runs already in --results")
+    ap.add_argument("--rerun", choices=SIDES, action="append", default=[],
+                    help="run this side again where --results has it (its defaults changed); the newest run counts")
     ap.add_argument("--limit", metavar="N[,M]", help="a smoke test: N training and M report examples per task")
     ap.add_argument("--markdown", type=Path, help="also write the table (with its machine and command) here")
     ap.add_argument("--keep-models", action="store_true", help="keep attnlab's fine-tuned weights")
@@ -301,15 +307,18 @@ def main() -> None:
           f"Trainer padding: {padding_note}", flush=True)
     print(f"load before: {load_before}\nwork: {work}\nresults: {results}", flush=True)
 
-    done = finished(results) if args.resume else set()
+    since = time.time()
+
+    def done(key: tuple) -> bool:  # read again each time: another instance may have finished it meanwhile
+        return (args.resume or bool(args.rerun)) and key in finished(results, tuple(args.rerun), since)
+
     prepared = {}
     for task in tasks:
         prepared[task] = p = prepare(task, root, work, *limit)
         print(f"\n== {p.note}", flush=True)
         for k, seed in enumerate(args.seeds):
-            sides = ("attnlab", "trainer") if k % 2 == 0 else ("trainer", "attnlab")
-            for side in sides:
-                if run_key(task, side, seed, config) in done:
+            for side in SIDES if k % 2 == 0 else SIDES[::-1]:
+                if done(run_key(task, side, seed, config)):
                     print(f"{task} seed {seed} {side}: in {results} already", flush=True)
                     continue
                 out = work / "runs" / task / f"{side}-seed{seed}"
@@ -318,7 +327,7 @@ def main() -> None:
                     if not mine:
                         print(f"{task} seed {seed} {side}: running in another instance", flush=True)
                         continue
-                    if args.resume and run_key(task, side, seed, config) in finished(results):
+                    if done(run_key(task, side, seed, config)):
                         print(f"{task} seed {seed} {side}: finished by another instance", flush=True)
                         continue
                     try:

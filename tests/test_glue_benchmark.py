@@ -231,3 +231,37 @@ def test_data_files_are_replaced_whole_under_a_reader(tmp_path):
         assert reader.read().count("a passage") == 500
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.csv", "train.tsv"]
     assert path.read_text() == "sentence\tlabel\nnew\t1\n"
+
+
+def test_resume_and_rerun_run_only_what_is_missing_or_asked_again(tmp_path, monkeypatch, capsys):
+    # the main loop with the two sides faked: --resume runs nothing that is in the results file; --rerun
+    # attnlab runs attnlab's side again (its defaults changed) and keeps the Trainer's, the newer run counting
+    import attnlab.interop.local as local
+    prepared = gd.Prepared("rte", "rte", tmp_path / "train.tsv", tmp_path / "dev.tsv", ("accuracy",), "rte files")
+    calls = []
+
+    def fake(side, score):
+        def run(p, seed, out, *rest):
+            calls.append((side, seed))
+            return {"metrics": {"accuracy": score}, "wall_s": 1.0, "cpu_s": 1.0}
+        return run
+    monkeypatch.setattr(bench, "prepare", lambda *a: prepared)
+    monkeypatch.setattr(bench, "data_root", lambda: tmp_path)
+    monkeypatch.setattr(local, "resolve", lambda name: tmp_path / name)
+    monkeypatch.setattr(bench, "run_trainer", fake("trainer", 60.0))
+
+    def main(*flags, attnlab_score=70.0):
+        monkeypatch.setattr(bench, "run_attnlab", fake("attnlab", attnlab_score))
+        monkeypatch.setattr(sys, "argv", ["glue_vs_transformers.py", "--work", str(tmp_path), "--tasks", "rte",
+                                          "--seeds", "1", "--threads", "1", *flags])
+        calls.clear()
+        bench.main()
+        return list(calls)
+
+    assert main() == [("attnlab", 1), ("trainer", 1)]
+    assert main("--resume") == []
+    assert main("--rerun", "attnlab", attnlab_score=75.0) == [("attnlab", 1)]
+    assert main("--resume", attnlab_score=0.0) == []
+    table = capsys.readouterr().out.rsplit("report sets", 1)[1]
+    assert "75.00" in table and "60.00" in table and "70.00" not in table
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 3
