@@ -131,12 +131,11 @@ def main() -> None:
         sys.exit("set ATTNLAB_DATA to the shared data folder (it has glue/)")
     args.work.mkdir(parents=True, exist_ok=True)
     out = args.work / "results.jsonl"
-    have = done(out)
     for task in args.tasks.split(","):
         for size in args.sizes:
             for seed in args.seeds:
                 for epochs in args.epochs:
-                    if key(task, size, epochs, seed) in have:
+                    if key(task, size, epochs, seed) in done(out):  # read afresh: another grid may share --work
                         continue
                     row = run(task, size, epochs, seed, args.work, data)
                     with open(out, "a") as f:
