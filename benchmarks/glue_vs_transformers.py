@@ -15,11 +15,12 @@ the unseen task: the test blocks of five books) are scored once per run and neve
 
 Every finished run appends a JSON line to --results (default WORK/results.jsonl); --resume skips runs already
 there, so a killed run loses nothing; --rerun attnlab runs attnlab's side again (after its defaults changed) and
-keeps the Trainer's runs, the newest run of each counting. Each run holds a lock (RUN.lock beside its directory) while it runs, and
-the data files are replaced whole, so two instances with the same --work and --resume share the runs (a core
-each) instead of running one twice. The table: per task and metric, mean +- standard error over the seeds for
-each side, the difference and whether it exceeds two standard errors of the difference, mean wall and CPU time
-and their ratios attnlab / Trainer. Goal: attnlab at least the Trainer's quality in <= 0.5x its wall time.
+keeps the Trainer's runs, the newest run of each counting. Each run holds a lock (RUN.lock beside its
+directory) while it runs, and the data files are replaced whole, so two instances with the same --work and
+--resume share the runs (a core each) instead of running one twice. The table: per task and metric, mean +-
+standard error over the seeds for each side, the difference and whether it exceeds two standard errors of the
+difference, mean wall and CPU time and their ratios attnlab / Trainer. Goal: attnlab at least the Trainer's
+quality in <= 0.5x its wall time.
 
     python benchmarks/glue_vs_transformers.py --work runs/glue --seeds 1 2 3 --threads 2 --resume
     python benchmarks/glue_vs_transformers.py --tasks rte,book --limit 64,32 --seeds 1   # a quick smoke run
