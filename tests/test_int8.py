@@ -20,18 +20,23 @@ from attnlab.cli import main
 from attnlab.inference.embed import embed
 from attnlab.inference.quantize import calibration_batches, linear_precision, quantize
 from attnlab.nn.cpu_attention import short_attention
-from attnlab.nn.int8 import Int8Linear, SmoothedLinear, quantize_rows
+from attnlab.nn.int8 import Int8Linear, SmoothedLinear, quantize_rows, quantize_rows_u7
 from attnlab.nn import kernels as kernels_mod
 from attnlab.nn.kernels import kernel_reason
 from attnlab.nn.quantized import kernels
 
 
 
-def _torch_rows(monkeypatch, x, factors):
+def _torch_rows(monkeypatch, x, factors, quantizer=quantize_rows):
     monkeypatch.setattr(int8_mod.kernels, "active", lambda name: False)
-    out = quantize_rows(x, factors)
+    out = quantizer(x, factors)
     monkeypatch.undo()
     return out
+
+
+def _signed(q, s, zero=None):
+    """The codes as the signed integers the product multiplies: q - zero for 7-bit codes."""
+    return (q.long(), s) if zero is None else (q.long() - zero.long(), s)
 
 
 @pytest.mark.parametrize("cols", [384, 37])
@@ -48,16 +53,41 @@ def test_quantize_rows_kernel_equals_torch(monkeypatch, cols):
         assert q.abs().max() == 127 and s[3].item() == 1.0 and not q[3].any()
 
 
-def test_int8_linear_equals_integer_arithmetic_and_stays_near_fp32(monkeypatch):
+@pytest.mark.parametrize("cols", [384, 37])
+def test_quantize_rows_u7_kernel_equals_torch(monkeypatch, cols):
+    """7-bit codes with a zero point: the C pass equals torch's; codes stay in 0..127, a row's range maps onto
+    the whole grid, 0 is a code exactly (x = 0 -> q = zero), each value within half a step."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(50, cols, generator=g) * torch.logspace(-2, 2, cols)
+    x[3] = 0                 # a row of zeros: scale 1, zero point 0, all-zero codes
+    x[4] = x[4].abs()        # no negatives: zero point 0
+    x[5] = -x[5].abs()       # no positives: zero point 127
+    x[6, 1] = 0.0
+    factors = torch.rand(cols, generator=g) + 0.1
+    for f in (None, factors):
+        q, s, z = quantize_rows_u7(x, f)
+        q_ref, s_ref, z_ref = _torch_rows(monkeypatch, x, f, quantize_rows_u7)
+        assert q.dtype == torch.uint8 and z.dtype == torch.int32
+        assert torch.equal(q, q_ref) and torch.equal(s, s_ref) and torch.equal(z, z_ref)
+        assert q.max() == 127 and q.min() == 0 and s[3].item() == 1.0 and not q[3].any() and z[3].item() == 0
+        assert z[4].item() == 0 and z[5].item() == 127 and q[6, 1] == z[6, 0]
+        xf = x if f is None else x * f
+        assert ((q.float() - z) * s - xf).abs().le(0.5 * s * (1 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("codes", ["s8", "u7"])
+def test_int8_linear_equals_integer_arithmetic_and_stays_near_fp32(monkeypatch, codes):
     g = torch.Generator().manual_seed(1)
     lin = nn.Linear(96, 80)
     x = torch.randn(3, 7, 96, generator=g)
     smooth = torch.rand(96, generator=g) + 0.5
-    layer = Int8Linear.from_linear(lin, smooth)
+    layer = Int8Linear.from_linear(lin, smooth, codes=codes)
+    assert layer.codes == codes
     y = layer(x)
     # the same product in exact integer arithmetic
-    q, s = _torch_rows(monkeypatch, x.reshape(-1, 96), 1 / smooth)
-    acc = q.long() @ layer.weight_q.long()
+    q, s = _signed(*_torch_rows(monkeypatch, x.reshape(-1, 96), 1 / smooth,
+                                quantize_rows if codes == "s8" else quantize_rows_u7))
+    acc = q @ layer.weight_q.long()
     ref = acc.double() * (s.double() * layer.weight_scale.double()) + lin.bias.double()
     assert y.shape == (3, 7, 80)
     torch.testing.assert_close(y.reshape(-1, 80).double(), ref, rtol=1e-6, atol=1e-5)
@@ -83,6 +113,8 @@ def test_stacked_int8_equals_the_parts():
     torch.testing.assert_close(fused(x), torch.cat([m(x) for m in layers], -1), rtol=1e-6, atol=1e-6)
     other = Int8Linear.from_linear(parts[1], smooth * 2)
     assert Int8Linear.stacked([layers[0], other]) is None  # different smoothing: cannot share one product
+    codes = Int8Linear.from_linear(parts[1], smooth, codes="u7" if layers[0].codes == "s8" else "s8")
+    assert Int8Linear.stacked([layers[0], codes]) is None  # different codes: neither
 
 
 def _sdpa(q, k, v, keep, scale):
@@ -170,9 +202,9 @@ def test_minilm_int8_keeps_cosine_on_real_sentences(minilm, data_dir, monkeypatc
     assert (embed(uncalibrated, tok, texts) * ref).sum(-1).mean() >= 0.98
 
 
-def _gemm_reference(q, scale, weight_q, weight_scale, bias):
+def _gemm_reference(q, scale, weight_q, weight_scale, bias, zero=None):
     """The int8 layer's product in exact integer arithmetic, scaled in float64."""
-    acc = q.long() @ weight_q.long()
+    acc = (q.long() if zero is None else q.long() - zero.long().reshape(-1, 1)) @ weight_q.long()
     out = acc.double() * (scale.double().reshape(-1, 1) * weight_scale.double())
     return out if bias is None else out + bias.double()
 
@@ -180,22 +212,29 @@ def _gemm_reference(q, scale, weight_q, weight_scale, bias):
 @pytest.mark.skipif(bool(kernel_reason("int8_gemm")), reason="the AVX2 int8 product is not built on this CPU")
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 33), (37, 96, 80), (64, 387, 64), (130, 384, 1152), (150, 1537, 24)])
 def test_int8_gemm_is_the_exact_integer_product(m, k, n):
-    """Every shape edge: rows odd (the 2-row tile's remainder), K not a multiple of 4 (the packed zeros and
-    the row's last partial group), N not a multiple of 32 (the last panel), codes at the extremes -128/127
-    (pairs of 2 * 128 * 127 must not saturate int16), with and without bias."""
+    """Every shape edge: rows not a multiple of the 5-row tile, K not a multiple of 4 (the packed zeros and
+    the row's padded last quad), N not a multiple of 16 (the last panel), codes at the extremes 127 against
+    weights -128/127 (pairs of 2 * 127 * 128 must not saturate int16), zero points 0 to 127, with and
+    without bias; the column sums the packing returns are the weights'."""
     from attnlab.nn.kernel_signatures import int8_packed_bytes
     g = torch.Generator().manual_seed(m * k + n)
-    q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
-    q[0] = -128  # |a| = 128 is read right as unsigned
-    w = torch.randint(-127, 128, (k, n), generator=g, dtype=torch.int8)
-    w[:, 0] = 127
+    q = torch.randint(0, 128, (m, k), generator=g, dtype=torch.uint8)
+    q[0] = 127
+    zero = torch.randint(0, 128, (m,), generator=g, dtype=torch.int32)
+    zero[0] = 127
+    w = torch.randint(-128, 128, (k, n), generator=g, dtype=torch.int8)
+    w[:, 0] = -128
+    w[:, -1] = 127
     scale, wscale = torch.rand(m, generator=g) + 0.01, torch.rand(n, generator=g) + 0.01
     packed = torch.empty(int8_packed_bytes(k, n), dtype=torch.int8)
-    kernels_mod.call("int8_pack_b", w, k, n, packed)
+    colsum = torch.empty(n, dtype=torch.int32)
+    kernels_mod.call("int8_pack_b", w, k, n, packed, colsum)
+    assert torch.equal(colsum.long(), w.long().sum(0))
     for bias in (None, torch.randn(n, generator=g)):
         y = torch.empty(m, n)
-        kernels_mod.call("int8_gemm", q, scale, m, k, packed, wscale, bias, n, y)
-        torch.testing.assert_close(y.double(), _gemm_reference(q, scale, w, wscale, bias), rtol=1e-6, atol=1e-6)
+        kernels_mod.call("int8_gemm", q, scale, zero, m, k, packed, colsum, wscale, bias, n, y)
+        torch.testing.assert_close(y.double(), _gemm_reference(q, scale, w, wscale, bias, zero),
+                                   rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(bool(kernel_reason("int8_gemm")), reason="the AVX2 int8 product is not built on this CPU")
@@ -204,10 +243,11 @@ def test_int8_linear_avx2_path_equals_torch_path_and_repacks(monkeypatch):
     threads as over one, and new weights loaded into the layer are packed anew (no stale copy)."""
     g = torch.Generator().manual_seed(3)
     lin = nn.Linear(200, 70)
-    layer = Int8Linear.from_linear(lin, torch.rand(200, generator=g) + 0.5)
-    x = torch.randn(4, 33, 200, generator=g)
     monkeypatch.setattr(int8_mod, "cpu_flags", lambda: {"avx2"})
-    assert int8_mod.int8_product() == "avx2"
+    assert int8_mod.int8_product() == "avx2" and int8_mod.int8_codes() == "u7"
+    layer = Int8Linear.from_linear(lin, torch.rand(200, generator=g) + 0.5)
+    assert layer.codes == "u7"
+    x = torch.randn(4, 33, 200, generator=g)
     calls = []
     real_call = int8_mod.kernels.call
     monkeypatch.setattr(int8_mod.kernels, "call", lambda fn, *a, **kw: calls.append(fn) or real_call(fn, *a, **kw))
@@ -220,9 +260,15 @@ def test_int8_linear_avx2_path_equals_torch_path_and_repacks(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert "int8_gemm" in calls and calls.count("int8_pack_b") == 1 and torch.equal(one, two)
-    q, s = quantize_rows(x.reshape(-1, 200), layer.factors)
-    ref = _gemm_reference(q, s, layer.weight_q, layer.weight_scale, layer.bias)
+    q, s, zero = quantize_rows_u7(x.reshape(-1, 200), layer.factors)
+    ref = _gemm_reference(q, s, layer.weight_q, layer.weight_scale, layer.bias, zero)
     torch.testing.assert_close(one.reshape(-1, 70).double(), ref, rtol=1e-6, atol=1e-5)
+    # without the kernels, the same codes through torch's integer product: the same numbers
+    monkeypatch.setattr(int8_mod.kernels, "active", lambda name: False)
+    torch.testing.assert_close(layer(x), one, rtol=1e-6, atol=1e-6)
+    monkeypatch.undo()
+    monkeypatch.setattr(int8_mod, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(int8_mod.kernels, "call", lambda fn, *a, **kw: calls.append(fn) or real_call(fn, *a, **kw))
     other = Int8Linear.from_linear(nn.Linear(200, 70), layer.factors.reciprocal())
     layer.load_state_dict(other.state_dict())
     torch.testing.assert_close(layer(x), other(x), rtol=0, atol=0)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from attnlab.nn import AttentionMask, fused, kernel_build, kernels, scaled_dot_product_attention
 from attnlab.nn import quantized as q
 from attnlab.nn.cpu_attention import short_attention
-from attnlab.nn.int8 import Int8Linear, quantize_rows
+from attnlab.nn.int8 import Int8Linear, quantize_rows, quantize_rows_u7
 from attnlab.nn.norms import RMSNorm
 from attnlab.nn.positions import RotaryEmbedding, apply_rotary
 
@@ -54,10 +54,13 @@ def _everything() -> dict:
     out = {}
     torch.manual_seed(0)  # the Linear's initial weights
     lin = torch.nn.Linear(96, 72)
-    layer = Int8Linear.from_linear(lin, torch.rand(96, generator=g) + 0.5)
+    smooth = torch.rand(96, generator=g) + 0.5
     x = torch.randn(2, 9, 96, generator=g)
-    out["int8_linear"] = layer(x)
+    for codes in ("s8", "u7"):  # (u7: the AVX2 kernel's codes)
+        layer = Int8Linear.from_linear(lin, smooth, codes)
+        out[f"int8_linear_{codes}"] = layer(x)
     out["quantize_rows"] = quantize_rows(x.reshape(-1, 96), layer.factors)
+    out["quantize_rows_u7"] = quantize_rows_u7(x.reshape(-1, 96), layer.factors)
     for dtype in (torch.float32, torch.bfloat16):
         h = torch.randn(4, 64, 128, generator=g).to(dtype)
         norm = RMSNorm(128).to(dtype)

@@ -50,11 +50,12 @@ def _layout(x: torch.Tensor, transposed: bool) -> torch.Tensor:
 
 @FAST
 @given(in_f=st.integers(1, 70), out_f=st.integers(1, 50), rows=st.integers(0, 20), buf=DTYPES, xdt=DTYPES,
-       smooth=st.booleans(), bias=st.booleans(), transposed=st.booleans(), seed=st.integers(0, 99))
-def test_int8_linear(in_f, out_f, rows, buf, xdt, smooth, bias, transposed, seed):
+       smooth=st.booleans(), bias=st.booleans(), transposed=st.booleans(), codes=st.sampled_from(["s8", "u7"]),
+       seed=st.integers(0, 99))
+def test_int8_linear(in_f, out_f, rows, buf, xdt, smooth, bias, transposed, codes, seed):
     g = torch.Generator().manual_seed(seed)
     lin = torch.nn.Linear(in_f, out_f, bias=bias)
-    layer = Int8Linear.from_linear(lin, torch.rand(in_f, generator=g) + 0.5 if smooth else None).to(buf)
+    layer = Int8Linear.from_linear(lin, torch.rand(in_f, generator=g) + 0.5 if smooth else None, codes).to(buf)
     x = _layout(torch.randn(rows, in_f, generator=g), transposed).to(xdt)
     got = layer(x)
     _close(got, _torch_only(lambda: layer(x)), xdt)

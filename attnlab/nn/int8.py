@@ -15,8 +15,9 @@ y = x W^T + b becomes, per token m and output n,
 
 The product runs in `torch._int_mm` (int8 x int8 -> int32), a VNNI instruction on CPUs that have one. On CPUs
 with AVX2 and no VNNI, where `_int_mm` is a plain loop, it runs in `csrc/int8_gemm.c` (the exact integer sum
-with the scaling fused in, weights packed once). The element-wise ends run in `csrc/int8_rows.c` (one pass
-each; torch ops as the fallback, same numbers).
+with the scaling fused in, weights packed once) on 7-bit activation codes with a zero point per token
+(`quantize_rows_u7`): the byte product that makes that kernel fast cannot saturate on them. The element-wise
+ends run in `csrc/int8_rows.c` (one pass each; torch ops as the fallback, same numbers).
 On all-MiniLM-L6-v2 and 1,024 SST-2/CoNLL sentences, cosine of the mean-pooled embedding to fp32
 (min / mean): per-token, no smoothing 0.983 / 0.9963; alpha 0.5 0.993 / 0.9986; alpha 0.7 0.996 / 0.9990
 (torch.ao's per-tensor dynamic quantization: 0.933 / 0.984; ONNX Runtime's: 0.852 / 0.955).
@@ -45,6 +46,12 @@ def int8_product(device: str = "cpu") -> str:
     return ""
 
 
+def int8_codes(device: str = "cpu") -> str:
+    """The activation codes an int8 layer made here uses: "u7" (7-bit with a zero point) where the AVX2 kernel
+    runs the product (it needs them), "s8" (symmetric int8) everywhere else."""
+    return "u7" if int8_product(device) == "avx2" else "s8"
+
+
 def int8_is_fast(device: str = "cpu") -> bool:
     """True where Int8Linear's product has a fast kernel (see `int8_product`)."""
     return bool(int8_product(device))
@@ -56,11 +63,16 @@ def _c_ready(t: torch.Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
 
 
+def _rows_kernel_takes(x: torch.Tensor, factors: torch.Tensor | None) -> bool:
+    """csrc/int8_rows.c can quantize these rows as they are (else torch does, with the same numbers)."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and _c_ready(factors)
+            and (factors is None or factors.numel() == x.size(1)) and kernels.active("int8_rows"))
+
+
 def quantize_rows(x: torch.Tensor, factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, cols) fp32 -> (int8 rows, one fp32 scale per row), after multiplying the columns by `factors`."""
     rows, cols = x.shape
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and _c_ready(factors)
-            and (factors is None or factors.numel() == cols) and kernels.active("int8_rows")):
+    if _rows_kernel_takes(x, factors):
         x = x.contiguous()
         q = torch.empty(rows, cols, dtype=torch.int8)
         scale = torch.empty(rows, 1, dtype=torch.float32)
@@ -73,16 +85,45 @@ def quantize_rows(x: torch.Tensor, factors: torch.Tensor | None = None) -> tuple
     return (x * (1 / scale)).round_().clamp_(-127, 127).to(torch.int8), scale
 
 
+def quantize_rows_u7(x: torch.Tensor, factors: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows, cols) fp32 -> (uint8 codes 0..127, one fp32 scale and one int32 zero point per row), after
+    multiplying the columns by `factors`: x ~ (q - zero) * scale, with 0 exact (the zero point is a code)."""
+    rows, cols = x.shape
+    if _rows_kernel_takes(x, factors):
+        x = x.contiguous()
+        q = torch.empty(rows, cols, dtype=torch.uint8)
+        scale = torch.empty(rows, 1, dtype=torch.float32)
+        zero = torch.empty(rows, 1, dtype=torch.int32)
+        kernels.call("int8_quantize_rows_u7", x, factors, rows, cols, q, scale, zero)
+        return q, scale, zero
+    if factors is not None:
+        x = x * factors.float()
+    lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True).clamp(min=0)
+    scale = torch.where(hi > lo, (hi - lo) / 127, torch.ones_like(hi))
+    r = 1 / scale
+    zero = (-lo * r).round_().clamp_(max=127)
+    q = ((x * r).round_() + zero).nan_to_num_(0.0).clamp_(0, 127).to(torch.uint8)
+    return q, scale, zero.to(torch.int32)
+
+
 class Int8Linear(nn.Module):
     """Inference-only. Holds `weight_q` as (in, out) int8 (the layout `_int_mm` reads), `weight_scale` (out,),
-    `bias` (out,) or None and `factors` (in,): the SmoothQuant divisors applied to x, or None."""
+    `bias` (out,) or None and `factors` (in,): the SmoothQuant divisors applied to x, or None. `codes`: how
+    activations are quantized, "s8" (`quantize_rows`) or "u7" (`quantize_rows_u7`); None picks what the
+    product on this CPU is fastest with (`int8_codes`). Both paths of a layer (C kernels or torch) give the
+    same integer sums for the same codes."""
 
     def __init__(self, weight_q: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-                 factors: torch.Tensor | None) -> None:
+                 factors: torch.Tensor | None, codes: str | None = None) -> None:
         super().__init__()
         if weight_q.dim() != 2 or weight_q.dtype != torch.int8:
             raise ValueError(f"Int8Linear: weight_q must be a 2-D int8 (in, out) tensor, got {weight_q.dtype} "
                              f"{tuple(weight_q.shape)}")
+        codes = int8_codes(str(weight_q.device)) if codes is None else codes
+        if codes not in ("s8", "u7"):
+            raise ValueError(f"Int8Linear: codes must be 's8' or 'u7', got {codes!r}")
+        self.codes = codes
         self.in_features, self.out_features = weight_q.shape
         # sizes once here (C reads them by these counts); dtype, device and layout, which .to() may change,
         # are checked at each call
@@ -96,7 +137,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("factors", factors)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, smooth: torch.Tensor | None = None) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, smooth: torch.Tensor | None = None,
+                    codes: str | None = None) -> "Int8Linear":
         """`smooth` (in,): SmoothQuant's f; W's columns are multiplied by it, x's divided."""
         w = linear.weight.detach().float()
         if smooth is not None:
@@ -104,7 +146,8 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(1).clamp(min=1e-12) / 127
         q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls(q.t().contiguous(), scale, bias, None if smooth is None else (1 / smooth).float())
+        return cls(q.t().contiguous(), scale, bias, None if smooth is None else (1 / smooth).float(),
+                   codes or int8_codes(str(linear.weight.device)))
 
     @classmethod
     def stacked(cls, parts: list["Int8Linear"]) -> "Int8Linear | None":
@@ -112,12 +155,12 @@ class Int8Linear(nn.Module):
         the parts do not see the same input the same way (different smoothing factors)."""
         first = parts[0].factors
         if any((p.factors is None) != (first is None) or (first is not None and not torch.equal(p.factors, first))
-               for p in parts):
+               or p.codes != parts[0].codes for p in parts):
             return None
         biases = [p.bias if p.bias is not None else p.weight_scale.new_zeros(p.out_features) for p in parts]
         bias = None if all(p.bias is None for p in parts) else torch.cat(biases)
         return cls(torch.cat([p.weight_q for p in parts], 1).contiguous(),
-                   torch.cat([p.weight_scale for p in parts]), bias, first)
+                   torch.cat([p.weight_scale for p in parts]), bias, first, parts[0].codes)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -126,21 +169,23 @@ class Int8Linear(nn.Module):
         return w if self.factors is None else w * self.factors
 
     def _avx2_ready(self) -> bool:
-        """The AVX2 product can take this call: no VNNI (where `_int_mm` is faster), the kernel built, and the
-        scales and bias plain fp32 as it reads them."""
-        return (int8_product("cpu") == "avx2" and self.weight_q.device.type == "cpu"
+        """The AVX2 product can take this call: 7-bit codes, no VNNI (where `_int_mm` is faster), the kernel
+        built, and the scales and bias plain fp32 as it reads them."""
+        return (self.codes == "u7" and int8_product("cpu") == "avx2" and self.weight_q.device.type == "cpu"
                 and _c_ready(self.weight_scale) and _c_ready(self.bias))
 
-    def _packed(self) -> torch.Tensor:
-        """The weights in the AVX2 kernel's layout, packed on first use and again if `weight_q` changed."""
+    def _packed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the weights in the AVX2 kernel's layout, their column sums), packed on first use and again if
+        `weight_q` changed."""
         w = self.weight_q
         # inference tensors keep no version counter; load_state_dict's in-place copy drops the cache itself
         key = (w.data_ptr(), tuple(w.shape), None if w.is_inference() else w._version)
         cached = getattr(self, "_packed_cache", None)
         if cached is None or cached[0] != key:
             out = torch.empty(int8_packed_bytes(*w.shape), dtype=torch.int8)
-            kernels.call("int8_pack_b", w.contiguous(), w.size(0), w.size(1), out)
-            self._packed_cache = cached = (key, out)
+            colsum = torch.empty(w.size(1), dtype=torch.int32)
+            kernels.call("int8_pack_b", w.contiguous(), w.size(0), w.size(1), out, colsum)
+            self._packed_cache = cached = (key, (out, colsum))
         return cached[1]
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
@@ -148,8 +193,8 @@ class Int8Linear(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token"
-                + (", smoothed" if self.factors is not None else ""))
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token "
+                f"({self.codes} codes)" + (", smoothed" if self.factors is not None else ""))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.size(-1) != self.in_features:
@@ -158,12 +203,18 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features).float()
         if x2.size(0) == 0:
             return x.new_zeros(*shape[:-1], self.out_features)
-        q, scale = quantize_rows(x2, self.factors)
-        if q.device.type == "cpu" and self._avx2_ready():
+        if x2.device.type == "cpu" and self._avx2_ready():
+            q, scale, zero = quantize_rows_u7(x2, self.factors)
             out = torch.empty(q.size(0), self.out_features, dtype=torch.float32)
-            kernels.call("int8_gemm", q, scale, q.size(0), self.in_features, self._packed(), self.weight_scale,
-                         self.bias, self.out_features, out, min_rows=16)
+            packed, colsum = self._packed()
+            kernels.call("int8_gemm", q, scale, zero, q.size(0), self.in_features, packed, colsum,
+                         self.weight_scale, self.bias, self.out_features, out, min_rows=16)
             return out.view(*shape[:-1], self.out_features).to(dtype)
+        if self.codes == "u7":  # the same integer sums as the kernel's: (q - zero) fits int8 exactly
+            q, scale, zero = quantize_rows_u7(x2, self.factors)
+            q = (q.to(torch.int16) - zero).to(torch.int8)
+        else:
+            q, scale = quantize_rows(x2, self.factors)
         acc = torch._int_mm(q, self.weight_q) if q.size(0) > 16 or not q.is_cuda else \
             (q.float() @ self.weight_q.float()).round().to(torch.int32)  # CUDA's kernel wants > 16 rows
         if (acc.device.type == "cpu" and acc.is_contiguous() and _c_ready(self.weight_scale) and _c_ready(self.bias)

@@ -58,8 +58,8 @@ class Strided(Buf):
 
 
 def int8_packed_bytes(K: int, N: int) -> int:
-    """Bytes of `int8_pack_b`'s copy of a (K, N) int8 matrix: panels of 16 columns, K in pairs."""
-    return (N + 15) // 16 * 16 * ((K + 1) // 2 * 2)
+    """Bytes of `int8_pack_b`'s copy of a (K, N) int8 matrix: panels of 16 columns, K in quads."""
+    return (N + 15) // 16 * 16 * ((K + 3) // 4 * 4)
 
 
 def _rb(a) -> int:
@@ -121,16 +121,23 @@ SIGNATURES: dict[str, dict] = {
                                     Buf("factors", (F32,), lambda a: a["cols"], optional=True), Int("rows"),
                                     Int("cols"), Buf("q", (I8,), lambda a: a["rows"] * a["cols"]),
                                     Buf("scale", (F32,), lambda a: a["rows"])]},
+    "int8_quantize_rows_u7": {"args": [Buf("x", (F32,), lambda a: a["rows"] * a["cols"]),
+                                       Buf("factors", (F32,), lambda a: a["cols"], optional=True), Int("rows"),
+                                       Int("cols"), Buf("q", (U8,), lambda a: a["rows"] * a["cols"]),
+                                       Buf("scale", (F32,), lambda a: a["rows"]),
+                                       Buf("zero", (I32,), lambda a: a["rows"])]},
     "int8_dequant_rows": {"args": [Buf("acc", (I32,), lambda a: a["rows"] * a["cols"]),
                                    Buf("scale", (F32,), lambda a: a["rows"]),
                                    Buf("weight_scale", (F32,), lambda a: a["cols"]),
                                    Buf("bias", (F32,), lambda a: a["cols"], optional=True), Int("rows"), Int("cols")]},
     "int8_gemm_supported": {"args": [], "status": False},
     "int8_pack_b": {"args": [Buf("b", (I8,), lambda a: a["K"] * a["N"]), Int("K"), Int("N"),
-                             Buf("out", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"]))]},
-    "int8_gemm": {"args": [Buf("a", (I8,), lambda a: a["M"] * a["K"]), Buf("ascale", (F32,), lambda a: a["M"]),
-                           Int("M"), Int("K"), Buf("packed", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"])),
-                           Buf("weight_scale", (F32,), lambda a: a["N"]),
+                             Buf("out", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"])),
+                             Buf("colsum", (I32,), lambda a: a["N"])]},
+    "int8_gemm": {"args": [Buf("a", (U8,), lambda a: a["M"] * a["K"]), Buf("ascale", (F32,), lambda a: a["M"]),
+                           Buf("zero", (I32,), lambda a: a["M"]), Int("M"), Int("K"),
+                           Buf("packed", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"])),
+                           Buf("colsum", (I32,), lambda a: a["N"]), Buf("weight_scale", (F32,), lambda a: a["N"]),
                            Buf("bias", (F32,), lambda a: a["N"], optional=True), Int("N"),
                            Buf("y", (F32,), lambda a: a["M"] * a["N"])],
                   "rows": lambda a: a["M"]},
