@@ -103,6 +103,34 @@ def test_int8_linear_equals_integer_arithmetic_and_stays_near_fp32(monkeypatch, 
         layer(x[..., :95])
 
 
+@pytest.mark.parametrize("codes", ["s8", "u7"])
+def test_gelu_in_the_int8_store_equals_torchs_gelu(codes):
+    """`activation="gelu"`: in the AVX2 kernel's store (u7 codes on this CPU) or after torch's product, the
+    erf GELU of the layer's output, to within 1e-6 of torch's, over outputs from -20 to 20 and a last panel
+    of 5 columns; a feed-forward block whose up projection is int8 takes that path."""
+    from attnlab.config import ModelConfig
+    from attnlab.nn.feedforward import FeedForward
+    torch.manual_seed(5)
+    lin = nn.Linear(64, 16 * 7 + 5)
+    layer = Int8Linear.from_linear(lin, torch.rand(64) + 0.5, codes)
+    x = torch.randn(3, 11, 64) * 6
+    with torch.no_grad():
+        plain = layer(x)
+        assert plain.abs().max() > 15 and (plain < -5).any()
+        torch.testing.assert_close(layer(x, activation="gelu"), F.gelu(plain), rtol=0, atol=1e-6)
+        with pytest.raises(ValueError, match="activation must be None or 'gelu'"):
+            layer(x, activation="relu")
+        cfg = ModelConfig(vocab_size=10, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=112,
+                          activation="gelu")
+        block = FeedForward(cfg).eval()
+        block.up = Int8Linear.from_linear(block.up, codes=codes)
+        block.down = Int8Linear.from_linear(block.down, codes=codes)
+        seen = []
+        block.up.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs), with_kwargs=True)
+        torch.testing.assert_close(block(x), block.down(F.gelu(block.up(x))), rtol=0, atol=1e-5)
+        assert seen[0] == {"activation": "gelu"}
+
+
 def test_stacked_int8_equals_the_parts():
     g = torch.Generator().manual_seed(2)
     parts = [nn.Linear(64, n) for n in (64, 32, 32)]
@@ -232,9 +260,11 @@ def test_int8_gemm_is_the_exact_integer_product(m, k, n):
     assert torch.equal(colsum.long(), w.long().sum(0))
     for bias in (None, torch.randn(n, generator=g)):
         y = torch.empty(m, n)
-        kernels_mod.call("int8_gemm", q, scale, zero, m, k, packed, colsum, wscale, bias, n, y)
+        kernels_mod.call("int8_gemm", q, scale, zero, m, k, packed, colsum, wscale, bias, n, y, 0)
         torch.testing.assert_close(y.double(), _gemm_reference(q, scale, w, wscale, bias, zero),
                                    rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"act 0 \(none\) or 1"):
+        kernels_mod.call("int8_gemm", q, scale, zero, m, k, packed, colsum, wscale, None, n, y, 2)
 
 
 @pytest.mark.skipif(bool(kernel_reason("int8_gemm")), reason="the AVX2 int8 product is not built on this CPU")

@@ -9,6 +9,7 @@ from torch import nn
 from ..config import ModelConfig
 from . import fused
 from .cpu_linear import forget_packed, module_linear
+from .int8 import Int8Linear
 
 
 def activation_fn(name: str):
@@ -47,6 +48,8 @@ class FeedForward(nn.Module):
             if h is not None:
                 out = module_linear(self.down, h)
                 return out if out is not None else self.down(h)
+        if self.gate is None and self.activation == "gelu" and type(self.up) is Int8Linear:
+            return self.down(self.up(x, activation="gelu"))  # GELU in the int8 product's store (nn/int8.py)
         if self.gate is not None:
             g = self.gate(x)
             if self.activation in ("silu", "swiglu"):  # SwiGLU at inference on a CPU: one pass (nn/fused.py)

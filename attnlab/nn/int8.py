@@ -25,6 +25,7 @@ On all-MiniLM-L6-v2 and 1,024 SST-2/CoNLL sentences, cosine of the mean-pooled e
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
@@ -196,7 +197,11 @@ class Int8Linear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-token "
                 f"({self.codes} codes)" + (", smoothed" if self.factors is not None else ""))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+        """`activation` "gelu" (erf form) applies GELU to the output: in the AVX2 kernel's store, where it
+        saves a pass over the output (a feed-forward block's up projection), else with torch after it."""
+        if activation not in (None, "gelu"):
+            raise ValueError(f"Int8Linear: activation must be None or 'gelu', got {activation!r}")
         if x.size(-1) != self.in_features:
             raise ValueError(f"Int8Linear: input has {x.size(-1)} features, expected {self.in_features}")
         shape, dtype = x.shape, x.dtype
@@ -208,7 +213,8 @@ class Int8Linear(nn.Module):
             out = torch.empty(q.size(0), self.out_features, dtype=torch.float32)
             packed, colsum = self._packed()
             kernels.call("int8_gemm", q, scale, zero, q.size(0), self.in_features, packed, colsum,
-                         self.weight_scale, self.bias, self.out_features, out, min_rows=16)
+                         self.weight_scale, self.bias, self.out_features, out, int(activation == "gelu"),
+                         min_rows=16)
             return out.view(*shape[:-1], self.out_features).to(dtype)
         if self.codes == "u7":  # the same integer sums as the kernel's: (q - zero) fits int8 exactly
             q, scale, zero = quantize_rows_u7(x2, self.factors)
@@ -225,6 +231,8 @@ class Int8Linear(nn.Module):
             out = acc.float() * (scale * self.weight_scale.float())
             if self.bias is not None:
                 out += self.bias.float()
+        if activation == "gelu":
+            out = F.gelu(out)
         return out.view(*shape[:-1], self.out_features).to(dtype)
 
 

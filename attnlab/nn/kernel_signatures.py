@@ -139,7 +139,8 @@ SIGNATURES: dict[str, dict] = {
                            Buf("packed", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"])),
                            Buf("colsum", (I32,), lambda a: a["N"]), Buf("weight_scale", (F32,), lambda a: a["N"]),
                            Buf("bias", (F32,), lambda a: a["N"], optional=True), Int("N"),
-                           Buf("y", (F32,), lambda a: a["M"] * a["N"])],
+                           Buf("y", (F32,), lambda a: a["M"] * a["N"]), Int32("act")],
+                  "checks": [(lambda a: a["act"] in (0, 1), "act 0 (none) or 1 (GELU, erf form)")],
                   "rows": lambda a: a["M"]},
     "short_attention_supported": {"args": [], "status": False},
     "short_attention": {

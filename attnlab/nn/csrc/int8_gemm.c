@@ -2,7 +2,7 @@
  * product instruction (no VNNI, no AMX), where torch's `_int_mm` is a plain loop slower than fp32. Part of
  * attnlab; built with the other kernels and called through the checked door of attnlab/nn/kernels.py.
  *
- * y_mn = (sum_k (a_mk - z_m) b_kn) * (s_m * w_n) + bias_n, with a (M, K) 7-bit activation codes 0..127 (one
+ * y_mn = (sum_k (a_mk - z_m) b_kn) * (s_m * w_n) + bias_n (then GELU when asked: the up projection), with a (M, K) 7-bit activation codes 0..127 (one
  * scale s_m and integer zero point z_m per row: int8_rows.c's `int8_quantize_rows_u7`), b (K, N) int8
  * weights in -127..127 (one scale w_n per column). The sum is exact in int32: sum_k a_mk b_kn in the loop,
  * minus z_m * colsum_n (colsum_n = sum_k b_kn, from the packing) before the scaling, which is fused in, so
@@ -59,9 +59,48 @@ int int8_pack_b(const int8_t *b, int64_t K, int64_t N, int8_t *out, int32_t *col
 #if defined(__AVX2__)
 int int8_gemm_supported(void) { return 1; }
 
-/* correct, scale and store one row of a tile: columns n0 .. n0 + cols - 1 (cols <= NP) */
+/* e^x for x <= 0 (Cephes' expf: n = round(x log2 e), r = x - n ln 2 in two parts, a degree-5 polynomial, then
+ * 2^n into the exponent); below -87 the result is 0 */
+static inline __m256 exp_neg(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* GELU, erf form (BERT's): x/2 (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (absolute error
+ * <= 1.5e-7): erf(z) = 1 - t (a1 + t (a2 + ... a5)) e^(-z^2), t = 1 / (1 + p z), z >= 0, odd in z. Applied
+ * in the up projection's store, it saves the separate pass torch's GELU makes over the 1,536-wide hidden. */
+static inline __m256 gelu_erf(__m256 x) {
+    const __m256 sign = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
+    const __m256 z = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)),
+                                      _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f)));
+    const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(z, _mm256_set1_ps(0.3275911f),
+                                                                         _mm256_set1_ps(1.0f)));
+    __m256 q = _mm256_set1_ps(1.061405429f);
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-1.453152027f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.421413741f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.284496736f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.254829592f));
+    const __m256 tail = _mm256_mul_ps(_mm256_mul_ps(q, t), exp_neg(_mm256_mul_ps(_mm256_mul_ps(z, z),
+                                                                                _mm256_set1_ps(-1.0f))));
+    const __m256 erf = _mm256_xor_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), tail), sign);
+    return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), _mm256_add_ps(erf, _mm256_set1_ps(1.0f)));
+}
+
+/* correct, scale and store one row of a tile: columns n0 .. n0 + cols - 1 (cols <= NP); act 1: then GELU */
 static inline void store_row(const int32_t *sums, int32_t z, float s, const int32_t *colsum, const float *wscale,
-                             const float *bias, int64_t n0, int64_t cols, float *out) {
+                             const float *bias, int64_t n0, int64_t cols, float *out, int32_t act) {
     if (cols == NP) {
         const __m256 vs = _mm256_set1_ps(s);
         const __m256i vz = _mm256_set1_epi32(z);
@@ -71,24 +110,35 @@ static inline void store_row(const int32_t *sums, int32_t z, float s, const int3
             __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, corr));
             const __m256 f = _mm256_mul_ps(vs, _mm256_loadu_ps(wscale + n0 + 8 * j));
             v = bias ? _mm256_fmadd_ps(v, f, _mm256_loadu_ps(bias + n0 + 8 * j)) : _mm256_mul_ps(v, f);
-            _mm256_storeu_ps(out + n0 + 8 * j, v);
+            _mm256_storeu_ps(out + n0 + 8 * j, act ? gelu_erf(v) : v);
         }
         return;
     }
+    float row[NP];
     for (int64_t c = 0; c < cols; c++) {
         /* the same operations as the vector path: (s * w) first, then one fused multiply-add */
         const float f = s * wscale[n0 + c];
         const float v = (float)(sums[c] - z * colsum[n0 + c]);
-        out[n0 + c] = bias ? __builtin_fmaf(v, f, bias[n0 + c]) : v * f;
+        row[c] = bias ? __builtin_fmaf(v, f, bias[n0 + c]) : v * f;
     }
+    if (act) { /* the last panel's few columns: the vector form too, so that every column has the same GELU */
+        float buf[8];
+        for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+            const int64_t k = cols - c0 < 8 ? cols - c0 : 8;
+            for (int64_t c = 0; c < 8; c++) buf[c] = c < k ? row[c0 + c] : 0.0f;
+            _mm256_storeu_ps(buf, gelu_erf(_mm256_loadu_ps(buf)));
+            for (int64_t c = 0; c < k; c++) row[c0 + c] = buf[c];
+        }
+    }
+    for (int64_t c = 0; c < cols; c++) out[n0 + c] = row[c];
 }
 
 /* rows [start, end) of y (M, N) = (a (M, K) - zero) x packed b, scaled: the door splits the rows over threads.
  * Returns -2 if the rows' buffer cannot be allocated. */
 int int8_gemm(const uint8_t *a, const float *ascale, const int32_t *zero, int64_t M, int64_t K, const int8_t *bp,
-              const int32_t *colsum, const float *wscale, const float *bias, int64_t N, float *y, int64_t start,
-              int64_t end) {
-    if (M < 0 || K < 0 || N < 0 || start < 0 || end > M || start > end) return -1;
+              const int32_t *colsum, const float *wscale, const float *bias, int64_t N, float *y, int32_t act,
+              int64_t start, int64_t end) {
+    if (M < 0 || K < 0 || N < 0 || start < 0 || end > M || start > end || act < 0 || act > 1) return -1;
     if (start == end || N == 0) return 0;
     const int64_t kq = round_up(K, 4) / 4;
     int64_t chunk = kq ? ACHUNK / (4 * kq) / MR * MR : MR;
@@ -128,7 +178,8 @@ int int8_gemm(const uint8_t *a, const float *ascale, const int32_t *zero, int64_
                     _mm256_storeu_si256((__m256i *)(sums[i] + 8), c[i][1]);
                 }
                 for (int i = 0; i < tile; i++)
-                    store_row(sums[i], zero[m + i], ascale[m + i], colsum, wscale, bias, n0, cols, y + (m + i) * N);
+                    store_row(sums[i], zero[m + i], ascale[m + i], colsum, wscale, bias, n0, cols, y + (m + i) * N,
+                              act);
             }
         }
     }
@@ -139,10 +190,10 @@ int int8_gemm(const uint8_t *a, const float *ascale, const int32_t *zero, int64_
 int int8_gemm_supported(void) { return 0; }
 
 int int8_gemm(const uint8_t *a, const float *ascale, const int32_t *zero, int64_t M, int64_t K, const int8_t *bp,
-              const int32_t *colsum, const float *wscale, const float *bias, int64_t N, float *y, int64_t start,
-              int64_t end) {
+              const int32_t *colsum, const float *wscale, const float *bias, int64_t N, float *y, int32_t act,
+              int64_t start, int64_t end) {
     (void)a; (void)ascale; (void)zero; (void)M; (void)K; (void)bp; (void)colsum; (void)wscale; (void)bias; (void)N;
-    (void)y; (void)start; (void)end;
+    (void)y; (void)act; (void)start; (void)end;
     return -1;
 }
 #endif
