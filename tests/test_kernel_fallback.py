@@ -156,7 +156,7 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
     assert status["short_attention"] == {"name": "short_attention", "active": False,
                                          "reason": "this CPU lacks avx2, fma"}
     assert status["causal_attention"]["reason"] == "this CPU lacks avx512f, avx512_bf16"
-    assert status["int8_gemm"]["reason"] == "this CPU lacks avx2"
+    assert status["int8_gemm"]["reason"] == "this CPU lacks avx2, fma"
     assert status["int8_rows"]["active"] and status["fused_rows"]["active"]  # portable C: no special needs
     assert status["paged_attention"]["active"]
     assert list(tmp_path.glob("kernels/attnlab-kernels-*.so"))

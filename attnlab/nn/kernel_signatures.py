@@ -208,7 +208,7 @@ SIGNATURES: dict[str, dict] = {
 KERNELS: dict[str, dict] = {
     "ggml_blocks": {"needs": (), "probe": None},
     "int8_rows": {"needs": (), "probe": None},
-    "int8_gemm": {"needs": ("avx2",), "probe": "int8_gemm_supported"},
+    "int8_gemm": {"needs": ("avx2", "fma"), "probe": "int8_gemm_supported"},
     "short_attention": {"needs": ("avx2", "fma"), "probe": "short_attention_supported"},  # or avx512f
     "fused_rows": {"needs": (), "probe": None},
     "causal_attention": {"needs": ("avx512f", "avx512_bf16"), "probe": "causal_attention_supported"},

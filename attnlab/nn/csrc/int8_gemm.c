@@ -26,9 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#define AI static inline __attribute__((always_inline))
+#include "exp_poly.h" /* exp_poly8: e^x on 8 lanes (AVX2 + FMA) */
 
 #define NP 16 /* columns per packed panel and per micro-tile */
 #define MR 5
@@ -56,32 +55,14 @@ int int8_pack_b(const int8_t *b, int64_t K, int64_t N, int8_t *out, int32_t *col
     return 0;
 }
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
 int int8_gemm_supported(void) { return 1; }
-
-/* e^x for x <= 0 (Cephes' expf: n = round(x log2 e), r = x - n ln 2 in two parts, a degree-5 polynomial, then
- * 2^n into the exponent); below -87 the result is 0 */
-static inline __m256 exp_neg(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 /* GELU, erf form (BERT's): x/2 (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (absolute error
  * <= 1.5e-7): erf(z) = 1 - t (a1 + t (a2 + ... a5)) e^(-z^2), t = 1 / (1 + p z), z >= 0, odd in z. Applied
- * in the up projection's store, it saves the separate pass torch's GELU makes over the 1,536-wide hidden. */
-static inline __m256 gelu_erf(__m256 x) {
+ * in the up projection's store, it saves the separate pass torch's GELU makes over the 1,536-wide hidden;
+ * e^x is exp_poly.h's. */
+AI __m256 gelu_erf(__m256 x) {
     const __m256 sign = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
     const __m256 z = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)),
                                       _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f)));
@@ -92,8 +73,8 @@ static inline __m256 gelu_erf(__m256 x) {
     q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.421413741f));
     q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.284496736f));
     q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.254829592f));
-    const __m256 tail = _mm256_mul_ps(_mm256_mul_ps(q, t), exp_neg(_mm256_mul_ps(_mm256_mul_ps(z, z),
-                                                                                _mm256_set1_ps(-1.0f))));
+    const __m256 tail = _mm256_mul_ps(_mm256_mul_ps(q, t), exp_poly8(_mm256_mul_ps(_mm256_mul_ps(z, z),
+                                                                                  _mm256_set1_ps(-1.0f))));
     const __m256 erf = _mm256_xor_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), tail), sign);
     return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)), _mm256_add_ps(erf, _mm256_set1_ps(1.0f)));
 }
