@@ -2,9 +2,9 @@
  * product instruction (no VNNI, no AMX), where torch's `_int_mm` is a plain loop slower than fp32. Part of
  * attnlab; built with the other kernels and called through the checked door of attnlab/nn/kernels.py.
  *
- * y_mn = (sum_k (a_mk - z_m) b_kn) * (s_m * w_n) + bias_n (then GELU when asked: the up projection), with a (M, K) 7-bit activation codes 0..127 (one
- * scale s_m and integer zero point z_m per row: int8_rows.c's `int8_quantize_rows_u7`), b (K, N) int8
- * weights in -127..127 (one scale w_n per column). The sum is exact in int32: sum_k a_mk b_kn in the loop,
+ * y_mn = (sum_k (a_mk - z_m) b_kn) * (s_m * w_n) + bias_n, then GELU if asked (a feed-forward block's up
+ * projection), with a (M, K) 7-bit activation codes 0..127 (one scale s_m and integer zero point z_m per
+ * row: int8_rows.c's `int8_quantize_rows_u7`), b (K, N) int8 weights (one scale w_n per column). The sum is exact in int32: sum_k a_mk b_kn in the loop,
  * minus z_m * colsum_n (colsum_n = sum_k b_kn, from the packing) before the scaling, which is fused in, so
  * the int32 products never leave the registers.
  *
@@ -12,8 +12,8 @@
  * 32 products per instruction; a pair of 127 * 127 products is 32,258, so with codes below 128 it can never
  * saturate (with full 8-bit codes it can: ONNX Runtime's AVX2 path accepts that). vpmaddwd by ones then adds
  * the pairs' pairs into int32. Against the exact int16 route (both sides widened to int16, one vpmaddwd and
- * one vpaddd per 16 products) this is half the vector operations per product: ~1.3-1.5x the speed on Zen 3
- * at MiniLM's shapes. The price is the activation grid: 128 levels over [min, max] of a row instead of 255
+ * one vpaddd per 16 products, plus the widening and broadcasts) this is about half the vector operations
+ * per product: 75-92 against 44-50 GMAC/s on one Zen 3 core at MiniLM's shapes. The price is the activation grid: 128 levels over [min, max] of a row instead of 255
  * over [-max|x|, max|x|]; on all-MiniLM-L6-v2 with SmoothQuant the embeddings' cosine to fp32 stays above
  * 0.99 (min) / 0.998 (mean) on real sentences (tests/test_int8.py holds it to that).
  *
