@@ -78,6 +78,7 @@ def test_quantize_rows_u7_kernel_equals_torch(monkeypatch, cols):
 @pytest.mark.parametrize("codes", ["s8", "u7"])
 def test_int8_linear_equals_integer_arithmetic_and_stays_near_fp32(monkeypatch, codes):
     g = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)  # the Linear's initial weights: the same in any test order
     lin = nn.Linear(96, 80)
     x = torch.randn(3, 7, 96, generator=g)
     smooth = torch.rand(96, generator=g) + 0.5
@@ -93,8 +94,9 @@ def test_int8_linear_equals_integer_arithmetic_and_stays_near_fp32(monkeypatch, 
     torch.testing.assert_close(y.reshape(-1, 80).double(), ref, rtol=1e-6, atol=1e-5)
     # and near the fp32 layer (weight and activation grids of 1/127 of each row's range)
     assert F.cosine_similarity(y.flatten(), lin(x).detach().flatten(), dim=0) > 0.999
-    # each weight within half a grid step of its row's grid, in the smoothed coordinates
-    bound = 0.5 * layer.weight_scale[:, None] / smooth[None, :] * (1 + 1e-5)
+    # each weight within half a grid step of its row's grid, in the smoothed coordinates (plus the float32
+    # rounding of code x scale x 1/smooth: a few 1e-7 of the weight, up to ~3e-5 of the half step)
+    bound = 0.5 * layer.weight_scale[:, None] / smooth[None, :] * (1 + 1e-4)
     assert ((layer.weight - lin.weight.detach()).abs() <= bound).all()
     # the torch fallback (no compiled kernels) gives the same values
     monkeypatch.setattr(int8_mod.kernels, "active", lambda name: False)
