@@ -358,6 +358,32 @@ def test_fastest_dtype_follows_the_cpu(monkeypatch, flags, want):
     assert fastest_dtype("cpu") == want
 
 
+def test_auto_precision_measures_each_candidate_and_falls_back(minilm):
+    """auto_precision keeps the fastest precision whose embeddings of the calibration sentences keep the bar,
+    measured, not read off the CPU's flags: MiniLM keeps int8 where it is fast; the same model with a weight
+    column 100x larger in every feed-forward down projection (per-row weight scales then zero the other
+    weights) misses the bar in int8 and gets fp32 back."""
+    from attnlab.inference.quantize import CALIBRATION_TEXT, auto_precision, candidate_dtypes
+    model, tok = attnlab.load(minilm, architecture=None), attnlab.load_tokenizer(minilm)
+    candidates = candidate_dtypes()
+    kept, dtype, checks = auto_precision(model, tok)
+    assert dtype == candidates[0] and [c["dtype"] for c in checks] == (candidates[:1] if dtype != "fp32" else [])
+    if checks:  # the figures are the cosines of the kept model's embeddings
+        texts = [t for t in CALIBRATION_TEXT.read_text().splitlines() if t and not t.startswith("#")]
+        cos = (embed(kept, tok, texts) * embed(model, tok, texts)).sum(-1)
+        assert checks[0]["kept"] and abs(checks[0]["min"] - cos.min()) < 1e-6 and cos.min() >= 0.99
+        assert linear_precision(kept) == dtype and linear_precision(model) == "fp32"  # a copy
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.ffn.down.weight[:, 0] *= 100
+    kept, dtype, checks = auto_precision(model, tok)
+    assert dtype != "int8" and linear_precision(kept) == dtype
+    if "int8" in candidates:
+        assert checks[0]["dtype"] == "int8" and not checks[0]["kept"] and checks[0]["min"] < 0.99
+    if dtype == "fp32":  # bf16, where native, may keep the bar on this model
+        assert kept is model and not any(c["kept"] for c in checks)
+
+
 def test_embed_dtype_auto_stays_near_fp32(minilm, tmp_path, capsys):
     texts = ["The cat sat on the mat.", "A dog barked at the mailman.", "Transformers use attention."]
     src = tmp_path / "in.txt"

@@ -147,13 +147,45 @@ def quantize(model: nn.Module, dtype: str, *, inplace: bool = False, keep_fp32: 
 
 
 def fastest_dtype(device: str = "cpu") -> str:
-    """The fastest precision whose encoder embeddings keep cosine >= 0.99 to fp32 on this device: int8 where
-    Int8Linear has a fast product (VNNI / AMX / CUDA, or the AVX2 kernel), else bf16 where it is native
-    (AVX512-BF16 / AMX / CUDA), else fp32 (torch.ao's int8 is faster there but misses the bar)."""
+    """The fastest precision that can keep cosine >= 0.99 to fp32 on this device, by its flags alone: int8
+    where Int8Linear has a fast product (VNNI / AMX / CUDA, or the AVX2 kernel), else bf16 where it is native
+    (AVX512-BF16 / AMX / CUDA), else fp32 (torch.ao's int8 is faster there but misses the bar).
+    `auto_precision` measures it on a model."""
+    return candidate_dtypes(device)[0]
+
+
+# --dtype auto's bar: sentence-embedding cosine to fp32, (min, mean) over the calibration sentences
+COSINE_BAR = (0.99, 0.998)
+
+
+def candidate_dtypes(device: str = "cpu") -> list[str]:
+    """The precisions worth trying here, fastest first (see `fastest_dtype`); fp32 last, always."""
     from ..nn.precision import bf16_is_native
-    if int8_is_fast(device):
-        return "int8"
-    return "bf16" if bf16_is_native(device) else "fp32"
+    return (["int8"] if int8_is_fast(device) else []) + (["bf16"] if bf16_is_native(device) else []) + ["fp32"]
+
+
+def auto_precision(model: nn.Module, tokenizer, *, pooling: str = "mean",
+                   bar: tuple[float, float] = COSINE_BAR) -> tuple[nn.Module, str, list[dict]]:
+    """(model, dtype, checks): the fastest precision on this device whose sentence embeddings of the bundled
+    calibration sentences keep `bar` (min, mean cosine to fp32), by measuring each candidate rather than
+    trusting the CPU's flags: a model whose activations int8 cannot hold falls back to bf16 or fp32. The check
+    is on the sentences the SmoothQuant factors came from, so it is optimistic (MiniLM with AVX2's 7-bit codes:
+    min 0.996 there, 0.991 on 1,024 unseen sentences): it catches a model that int8 breaks, not a near miss.
+    A lower precision is a copy (`model` stays fp32); checks: one dict per candidate tried."""
+    from .embed import embed
+    texts = [t for t in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if t and not t.startswith("#")]
+    device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
+    reference = None
+    checks = []
+    for dtype in candidate_dtypes(device)[:-1]:  # fp32 is the answer when none of them keeps the bar
+        reference = embed(model, tokenizer, texts, pooling=pooling, progress=False) if reference is None else reference
+        trial = quantize(model, dtype, calibration=calibration_batches(tokenizer) if dtype == "int8" else None)
+        cos = (embed(trial, tokenizer, texts, pooling=pooling, progress=False) * reference).sum(-1)
+        checks.append({"dtype": dtype, "min": float(cos.min()), "mean": float(cos.mean()),
+                       "kept": bool(cos.min() >= bar[0] and cos.mean() >= bar[1])})
+        if checks[-1]["kept"]:
+            return trial, dtype, checks
+    return model.float(), "fp32", checks
 
 
 def linear_precision(model: nn.Module) -> str:
