@@ -15,7 +15,8 @@ the unseen task: the test blocks of five books) are scored once per run and neve
 
 Every finished run appends a JSON line to --results (default WORK/results.jsonl); --resume skips runs already
 there, so a killed run loses nothing; --rerun attnlab runs attnlab's side again (after its defaults changed) and
-keeps the Trainer's runs, the newest run of each counting. Each run holds a lock (RUN.lock beside its
+keeps the Trainer's runs, the newest run of each counting; --sides attnlab runs that side alone (the table then
+needs the other side's runs in --results). Each run holds a lock (RUN.lock beside its
 directory) while it runs, and the data files are replaced whole, so two instances with the same --work and
 --resume share the runs (a core each) instead of running one twice. The table: per task and metric, mean +-
 standard error over the seeds for each side, the difference and whether it exceeds two standard errors of the
@@ -287,11 +288,16 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="skip runs already in --results")
     ap.add_argument("--rerun", choices=SIDES, action="append", default=[],
                     help="run this side again where --results has it (its defaults changed); the newest run counts")
+    ap.add_argument("--sides", default=",".join(SIDES),
+                    help="comma-separated sides to run (default both); the table shows tasks with runs of both")
     ap.add_argument("--limit", metavar="N[,M]", help="a smoke test: N training and M report examples per task")
     ap.add_argument("--markdown", type=Path, help="also write the table (with its machine and command) here")
     ap.add_argument("--keep-models", action="store_true", help="keep attnlab's fine-tuned weights")
     args = ap.parse_args()
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not sides or set(sides) - set(SIDES):
+        raise SystemExit(f"--sides {args.sides}: expected one or both of {', '.join(SIDES)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="glue-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     results = args.results or work / "results.jsonl"
@@ -319,6 +325,8 @@ def main() -> None:
         print(f"\n== {p.note}", flush=True)
         for k, seed in enumerate(args.seeds):
             for side in SIDES if k % 2 == 0 else SIDES[::-1]:
+                if side not in sides:
+                    continue
                 if done(run_key(task, side, seed, config)):
                     print(f"{task} seed {seed} {side}: in {results} already", flush=True)
                     continue

@@ -265,3 +265,7 @@ def test_resume_and_rerun_run_only_what_is_missing_or_asked_again(tmp_path, monk
     table = capsys.readouterr().out.rsplit("report sets", 1)[1]
     assert "75.00" in table and "60.00" in table and "70.00" not in table
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 3
+    # --sides attnlab: that side alone (a seed the results lack), the Trainer's side not started
+    assert main("--resume", "--sides", "attnlab", "--seeds", "2") == [("attnlab", 2)]
+    with pytest.raises(SystemExit, match="--sides"):
+        main("--sides", "onnx")
