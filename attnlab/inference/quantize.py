@@ -10,7 +10,7 @@ softmax and the residual stream stay fp32.
 On all-MiniLM-L6-v2 embeddings of 1,024 SST-2/CoNLL sentences (cosine to fp32, min / mean): per-token +
 SmoothQuant alpha 0.7, every linear in int8: 0.994-0.996 / 0.9988-0.9990 at ~2x fp32 speed on one thread
 with VNNI; with AVX2 alone the activations are 7-bit codes with a zero point per token (csrc/int8_gemm.c:
-the byte product, exact on them), 0.991 / 0.9982 at ~1.5x fp32 speed.
+the byte product, exact on them), 0.991 / 0.9982 at 1.6-1.8x fp32 speed.
 
 Without AVX2 (or without the C kernels) int8 is torch.ao's dynamic quantization (one activation scale per
 batch), per-channel weights, `ffn.down` kept fp32, and the same SmoothQuant factors folded in when

@@ -6,10 +6,11 @@ A small task's own held-out tenth is too small to choose on: RTE's 249 pairs hav
 --test <this part> --seed <fold + 1> [recipe flags]` runs; the command still holds its own validation out of
 the file it trains on, to keep the best epoch, as it does by default. The report set (`dev.tsv`) is never
 read. Recipes are paired by fold (the same lines, the same seed), so their difference has a paired standard
-error. One line per run goes to `--work/results.jsonl` (resumable).
+error. The recipe `@trainer` runs the GLUE benchmark's Trainer side (run_glue's recipe, on all of the other
+parts) on the same folds and seeds. One line per run goes to `--work/results.jsonl` (resumable).
 
     ATTNLAB_DATA=../shared/data python research/quality/folds_grid.py --work runs/rte_folds --task rte \\
-        --recipe default= --recipe glue="--lr 2e-5 --batch-size 32"
+        --recipe default= --recipe glue="--lr 2e-5 --batch-size 32 --epochs 3" --recipe trainer=@trainer
 
 Runs one thread each (OMP_NUM_THREADS=1); `--part 0/2` and `--part 1/2` share the runs between two
 processes on a 2-core machine. `--table` prints the summary.
@@ -27,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+TRAINER = Path(__file__).resolve().parents[2] / "benchmarks" / "_glue_trainer.py"
 TRAIN = {"mrpc": "MRPC", "stsb": "STS-B", "rte": "RTE", "cola": "CoLA"}
 METRIC = {"mrpc": "test_f1", "stsb": "test_spearman", "rte": "test_accuracy", "cola": "test_mcc"}
 
@@ -55,18 +57,33 @@ def done(out: Path) -> set[tuple]:
     return {(r["task"], r["recipe"], r["fold"]) for r in map(json.loads, out.read_text().splitlines())}
 
 
+def command(task: str, flags: str, fold: int, files: tuple[Path, Path], out_dir: Path) -> list[str]:
+    """attnlab's command with the recipe's flags, or (flags "@trainer") the GLUE benchmark's Trainer side,
+    run_glue's recipe on the same files (it trains on all of them: it holds nothing out)."""
+    if flags == "@trainer":
+        from attnlab.interop.local import resolve
+        return [sys.executable, str(TRAINER), "--task", task, "--train", str(files[0]), "--report", str(files[1]),
+                "--model-dir", str(resolve("minilm")), "--seed", str(fold + 1), "--threads", "1",
+                "--padding", "dynamic", "--output", str(out_dir), "--result", str(out_dir) + ".json"]
+    return [str(Path(sys.executable).with_name("attnlab")), "finetune", task, "--model", "minilm",
+            "--train", str(files[0]), "--test", str(files[1]), "--seed", str(fold + 1), "--output", str(out_dir),
+            "--no-progress", *shlex.split(flags)]
+
+
 def run(task: str, recipe: str, flags: str, fold: int, files: tuple[Path, Path], work: Path) -> dict:
     out_dir = work / f"{task}-{recipe}-fold{fold}"
-    cmd = [str(Path(sys.executable).with_name("attnlab")), "finetune", task, "--model", "minilm",
-           "--train", str(files[0]), "--test", str(files[1]), "--seed", str(fold + 1), "--output", str(out_dir),
-           "--no-progress", *shlex.split(flags)]
+    cmd = command(task, flags, fold, files, out_dir)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     with open(work / f"{out_dir.name}.log", "w") as log:
         subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=log, stderr=subprocess.STDOUT,
                        check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    metrics = json.loads((out_dir / "metrics.json").read_text())
+    if flags == "@trainer":
+        got = json.loads(Path(str(out_dir) + ".json").read_text())
+        metrics = {"test_" + k: v for k, v in got["metrics"].items()} | {"steps": got.get("steps")}
+    else:
+        metrics = json.loads((out_dir / "metrics.json").read_text())
     scored = sum(1 for line in files[1].read_text().splitlines()[1:] if line.strip())
     return {"task": task, "recipe": recipe, "flags": flags, "fold": fold, "seed": fold + 1,
             "metric": METRIC[task], "value": metrics[METRIC[task]], "scored": scored,
