@@ -99,19 +99,19 @@ def mean_se(values: list[float]) -> str:
     return f"{m:.2f} +- {se:.2f} (n={len(values)})"
 
 
-def table(out: Path) -> None:
+def table(out: Path, baseline: str = "default") -> None:
     """Per recipe: the mean over folds (each fold's figure weighted by its lines) with the standard error over
-    folds, and each recipe's paired difference from the first one listed."""
+    folds, and each recipe's paired difference from `baseline` (else the first in the results)."""
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     by: dict[str, dict[int, dict]] = {}
     for r in rows:
         by.setdefault(r["recipe"], {})[r["fold"]] = r
-    recipes = list(by)
+    recipes = sorted(by, key=lambda name: name != baseline)
     for name in recipes:
         folds = by[name]
         pooled = sum(r["value"] * r["scored"] for r in folds.values()) / sum(r["scored"] for r in folds.values())
         cpu = sum(r["cpu_s"] for r in folds.values()) / len(folds)
-        print(f"{name} ({folds[min(folds)]['flags'] or 'no flags'}): folds {mean_se([r['value'] for r in folds.values()])}, "
+        print(f"{name} ({folds[min(folds)]['flags'] or 'no flags'}): {folds[min(folds)]['metric']} folds {mean_se([r['value'] for r in folds.values()])}, "
               f"pooled {pooled:.2f}, CPU {cpu:.0f} s a run, steps {sorted({r['steps'] for r in folds.values()})}")
     for name in recipes[1:]:
         common = sorted(set(by[name]) & set(by[recipes[0]]))
