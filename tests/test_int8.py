@@ -363,13 +363,13 @@ def test_auto_precision_measures_each_candidate_and_falls_back(minilm):
     measured, not read off the CPU's flags: MiniLM keeps int8 where it is fast; the same model with a weight
     column 100x larger in every feed-forward down projection (per-row weight scales then zero the other
     weights) misses the bar in int8 and gets fp32 back."""
-    from attnlab.inference.quantize import CALIBRATION_TEXT, auto_precision, candidate_dtypes
+    from attnlab.inference.quantize import auto_precision, calibration_texts, candidate_dtypes
     model, tok = attnlab.load(minilm, architecture=None), attnlab.load_tokenizer(minilm)
     candidates = candidate_dtypes()
     kept, dtype, checks = auto_precision(model, tok)
     assert dtype == candidates[0] and [c["dtype"] for c in checks] == (candidates[:1] if dtype != "fp32" else [])
     if checks:  # the figures are the cosines of the kept model's embeddings
-        texts = [t for t in CALIBRATION_TEXT.read_text().splitlines() if t and not t.startswith("#")]
+        texts = calibration_texts()
         cos = (embed(kept, tok, texts) * embed(model, tok, texts)).sum(-1)
         assert checks[0]["kept"] and abs(checks[0]["min"] - cos.min()) < 1e-6 and cos.min() >= 0.99
         assert linear_precision(kept) == dtype and linear_precision(model) == "fp32"  # a copy

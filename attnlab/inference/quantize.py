@@ -39,12 +39,17 @@ CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 SMOOTH_ALPHA = 0.7
 
 
+def calibration_texts() -> list[str]:
+    """The bundled calibration sentences (128 public-domain lines)."""
+    return [t for t in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if t and not t.startswith("#")]
+
+
 def calibration_batches(tokenizer, texts: list[str] | None = None, *, batch_size: int = 32,
                         max_length: int = 128) -> list[dict[str, torch.Tensor]]:
     """Model inputs for `quantize(..., calibration=)`: `texts`, or the bundled calibration sentences."""
     from .embed import pad_batch
     if texts is None:
-        texts = [t for t in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if t and not t.startswith("#")]
+        texts = calibration_texts()
     ids = tokenizer(list(texts), max_length=max_length, truncation=True)["input_ids"]
     pad = getattr(tokenizer, "pad_token_id", None) or 0
     out = []
@@ -173,7 +178,7 @@ def auto_precision(model: nn.Module, tokenizer, *, pooling: str = "mean",
     min 0.996 there, 0.991 on 1,024 unseen sentences): it catches a model that int8 breaks, not a near miss.
     A lower precision is a copy (`model` stays fp32); checks: one dict per candidate tried."""
     from .embed import embed
-    texts = [t for t in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if t and not t.startswith("#")]
+    texts = calibration_texts()
     device = str(next((p.device for p in model.parameters()), torch.device("cpu")))
     reference = None
     checks = []
