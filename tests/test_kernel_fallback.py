@@ -59,6 +59,8 @@ def _everything() -> dict:
     for codes in ("s8", "u7"):  # (u7: the AVX2 kernel's codes)
         layer = Int8Linear.from_linear(lin, smooth, codes)
         out[f"int8_linear_{codes}"] = layer(x)
+    whole_tiles = Int8Linear.from_linear(torch.nn.Linear(128, 48), None, "s8")  # (the AMX kernel's shapes)
+    out["int8_linear_tiles"] = whole_tiles(torch.randn(40, 128, generator=g), activation="gelu")
     out["quantize_rows"] = quantize_rows(x.reshape(-1, 96), layer.factors)
     out["quantize_rows_u7"] = quantize_rows_u7(x.reshape(-1, 96), layer.factors)
     for dtype in (torch.float32, torch.bfloat16):
@@ -138,9 +140,12 @@ def test_without_a_compiler_every_entry_point_takes_torchs_path(how, monkeypatch
     assert not q.available() and reason in q.why_unavailable()
     lines = _lines(caplog)
     # int8_gemm is AVX2's product: a CPU with int8 dot products (VNNI, AMX) never asks for it, so says nothing
+    # int8_amx is asked for only where the CPU has AMX-INT8
     needs_avx2_product = not any(f in kernels.cpu_flags() for f in INT8_DOT)
-    for name in ("int8_rows", "int8_gemm", "fused_rows", "ggml_blocks", "short_attention", "causal_attention"):
-        want_lines = int(name != "int8_gemm" or needs_avx2_product)
+    asked = {"int8_gemm": needs_avx2_product, "int8_amx": "amx_int8" in kernels.cpu_flags()}
+    for name in ("int8_rows", "int8_gemm", "int8_amx", "fused_rows", "ggml_blocks", "short_attention",
+                 "causal_attention"):
+        want_lines = int(asked.get(name, True))
         assert sum(line.startswith(f"attnlab: C kernel {name} ") for line in lines) == want_lines, (name, lines)
     assert any(line.startswith("attnlab: C kernel int8_rows unavailable (") and reason in line
                and line.endswith("; using the PyTorch path") for line in lines)
@@ -160,6 +165,7 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
                                          "reason": "this CPU lacks avx2, fma"}
     assert status["causal_attention"]["reason"] == "this CPU lacks avx512f, avx512_bf16"
     assert status["int8_gemm"]["reason"] == "this CPU lacks avx2, fma"
+    assert status["int8_amx"]["reason"] == "this CPU lacks amx_int8, amx_tile, avx512f"
     assert status["int8_rows"]["active"] and status["fused_rows"]["active"]  # portable C: no special needs
     assert status["paged_attention"]["active"]
     assert list(tmp_path.glob("kernels/attnlab-kernels-*.so"))
@@ -173,11 +179,11 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
 
 def test_kernel_status_says_what_runs_and_why():
     status = kernels.kernel_status()
-    assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "int8_gemm", "short_attention", "fused_rows",
-                                           "causal_attention", "paged_attention", "dropout"]
+    assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "int8_gemm", "int8_amx", "short_attention",
+                                           "fused_rows", "causal_attention", "paged_attention", "dropout"]
     for s in status:
         assert set(s) == {"name", "active", "reason"} and isinstance(s["active"], bool) and s["reason"]
         assert s["active"] == s["reason"].startswith("built with ")
     # status alone writes no line: `attnlab env` may call it to report
     assert short_attention(torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 16), None,
-                           1.0) is None or status[3]["active"]
+                           1.0) is None or status[4]["active"]

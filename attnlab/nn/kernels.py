@@ -94,7 +94,8 @@ def _reason(name: str) -> str:
         elif missing:
             reason = f"this CPU lacks {', '.join(missing)}"
         elif kernel["probe"] and not getattr(lib, kernel["probe"])():
-            reason = f"built without {', '.join(kernel['needs'])} (the compiler or the CPU does not offer it)"
+            reason = kernel.get("probe_fails") or \
+                f"built without {', '.join(kernel['needs'])} (the compiler or the CPU does not offer it)"
         else:
             reason = ""
     kernel["_reason"] = reason
