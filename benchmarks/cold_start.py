@@ -75,9 +75,11 @@ def main() -> int:
                                     "--max-new-tokens", str(args.new_tokens)],
     }
     cli = llama_completion(args.llama_bin)
+    amx = Path("/proc/cpuinfo").exists() and "amx_int8" in Path("/proc/cpuinfo").read_text()
     if cli is not None:
         sides["llama-completion"] = [str(cli), "-m", str(gguf), "-p", PROMPT, "-n", str(args.new_tokens), "-no-cnv",
-                              "--no-display-prompt", "-t", str(args.threads), "--temp", "0"]
+                              "--no-display-prompt", "-t", str(args.threads), "--temp", "0"] + \
+            (["--no-repack"] if amx else [])  # its repacked weights crash on AMX CPUs (SIGSEGV): the best that runs
     for argv in sides.values():  # warm the page cache and any on-disk caches once, untimed
         first_byte(argv, env)
     load_before = os.getloadavg()
@@ -94,7 +96,9 @@ def main() -> int:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} threads; "
           f"load before {load_before[0]:.2f}, after {load_after[0]:.2f}; {args.rounds} rounds, sides interleaved")
     print(f"model: {gguf.name}; prompt {PROMPT!r}, {args.new_tokens} new tokens"
-          + ("" if cli else "; llama-completion not found (scripts/build-llama-cpp.sh builds it)"))
+          + ("" if cli else "; llama-completion not found (scripts/build-llama-cpp.sh builds it)")
+          + ("; llama-completion with --no-repack (its default repacked path crashes on this AMX CPU)" if cli and amx
+             else ""))
     print(table(rows, ["command", "first token s (median)", "first token s (best)", "exit s (median)", "peak RSS MB"]))
     return 0
 

@@ -98,9 +98,26 @@ def run_attnlab(mode: str, args, batch: int, prompt_len: int) -> dict:
     return _child(cmd, env, lambda text: json.loads(text.strip().splitlines()[-1]))
 
 
+_LLAMA_EXTRA: list[str] = []  # ["--repack", "0"] once llama-bench's default repacked path has crashed here
+
+
 def run_llama(binary: str, path: Path, args, prompt_len: int) -> dict:
+    """llama-bench's default CPU path; where it crashes (its repacked weights on some AMX CPUs: SIGSEGV),
+    again with `--repack 0`, the best setting that runs, for this run and every later one, said in the table."""
+    try:
+        return _run_llama(binary, path, args, prompt_len)
+    except SystemExit as err:
+        if _LLAMA_EXTRA:
+            raise
+        print(f"llama-bench failed with its default settings ({str(err).splitlines()[0][-60:]}); "
+              "retrying with --repack 0", flush=True)
+        _LLAMA_EXTRA.extend(["--repack", "0"])
+        return _run_llama(binary, path, args, prompt_len)
+
+
+def _run_llama(binary: str, path: Path, args, prompt_len: int) -> dict:
     cmd = [binary, "-t", str(args.threads), "-p", str(prompt_len or 16), "-n", str(args.new_tokens), "-r", "1", "-o", "json",
-           "-m", str(path)]
+           *_LLAMA_EXTRA, "-m", str(path)]
 
     def parse(text: str) -> dict:
         rows = json.loads(text[text.index("["):])
@@ -177,7 +194,8 @@ def main() -> None:
             if name not in best or res["decode_tok_s"] > best[name]["decode_tok_s"]:
                 best[name] = res
     ref = best.get("llama.cpp llama-bench")
-    print(f"\n{path.name}, {args.threads} thread(s), {args.new_tokens} new tokens, best of {args.rounds} interleaved rounds")
+    print(f"\n{path.name}, {args.threads} thread(s), {args.new_tokens} new tokens, best of {args.rounds} interleaved rounds"
+          + (f"; llama-bench with {' '.join(_LLAMA_EXTRA)} (its default crashed here)" if _LLAMA_EXTRA else ""))
     print(f"{'engine':30s} {'decode tok/s':>12s} {'vs llama.cpp':>12s} {'prompt tok/s':>12s} "
           f"{'peak RSS MB':>11s} {'load avg':>8s}")
     for name, res in best.items():
