@@ -105,6 +105,9 @@ def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, thr
     CPU time, and the load around it."""
     cmd = [str(bin_dir / "llama-perplexity"), "-m", str(gguf), "-f", str(text_file), "-c", str(n_ctx),
            "-t", str(threads), "-tb", str(threads), *extra]
+    from attnlab.nn.precision import cpu_flags
+    if "amx_int8" in cpu_flags() and "--no-repack" not in cmd:
+        cmd.append("--no-repack")  # its repacked weights crash on AMX CPUs (SIGSEGV); the result's "command" says so
     loads = [os.getloadavg()[0]]
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()

@@ -141,6 +141,12 @@ def llama_cpp_bin() -> Path:
     return Path(bin_dir)
 
 
+def no_repack() -> list[str]:
+    """llama.cpp's repacked weights crash its tools on AMX CPUs (SIGSEGV): there, its plain path."""
+    from attnlab.nn.precision import cpu_flags
+    return ["--no-repack"] if "amx_int8" in cpu_flags() else []
+
+
 def test_q4_0_bytes_equal_llama_quantize(smol_q8, tmp_path):
     """llama.cpp's own quantizer, Q4_1 -> Q4_0 (--allow-requantize), writes the same bytes for every one of
     the 272 tensors as attnlab does from the dequantized weights (its embedding falls back to Q8_0 too)."""
@@ -169,7 +175,7 @@ def test_llama_cpp_loads_what_attnlab_writes(smol_q8, data_dir, tmp_path):
     text = (data_dir / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")[:3000]
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
     run = subprocess.run([str(Path(bin_dir) / "llama-perplexity"), "-m", str(q8), "-f", str(tmp_path / "t.txt"),
-                          "-c", "256", "-t", "1"], capture_output=True, text=True, timeout=300)
+                          "-c", "256", "-t", "1", *no_repack()], capture_output=True, text=True, timeout=300)
     found = re.search(r"Final estimate: PPL = ([0-9.]+)", run.stdout + run.stderr)
     assert run.returncode == 0 and found, (run.stdout + run.stderr)[-2000:]
     ours = perplexity(attnlab.load(q8), attnlab.load_tokenizer(q8), text, context=256, convention="llama.cpp")
