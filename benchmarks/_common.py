@@ -15,6 +15,13 @@ def data_root() -> Path:
     return root
 
 
+def llama_no_repack() -> bool:
+    """llama.cpp's tools crash (SIGSEGV) with their default repacked weights on CPUs with AMX: there the
+    benchmarks run them with repacking off (`--no-repack`; llama-bench `--repack 0`), the best that runs."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and "amx_int8" in cpuinfo.read_text()
+
+
 def best_of(fn, repeats: int = 3) -> float:
     """Fastest of a few runs: the least disturbed by whatever else the machine is doing."""
     best = float("inf")

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import table  # noqa: E402
+from _common import llama_no_repack, table  # noqa: E402
 
 PROMPT = "The capital of France is"
 
@@ -75,11 +75,11 @@ def main() -> int:
                                     "--max-new-tokens", str(args.new_tokens)],
     }
     cli = llama_completion(args.llama_bin)
-    amx = Path("/proc/cpuinfo").exists() and "amx_int8" in Path("/proc/cpuinfo").read_text()
+    amx = llama_no_repack()
     if cli is not None:
         sides["llama-completion"] = [str(cli), "-m", str(gguf), "-p", PROMPT, "-n", str(args.new_tokens), "-no-cnv",
                               "--no-display-prompt", "-t", str(args.threads), "--temp", "0"] + \
-            (["--no-repack"] if amx else [])  # its repacked weights crash on AMX CPUs (SIGSEGV): the best that runs
+            (["--no-repack"] if amx else [])
     for argv in sides.values():  # warm the page cache and any on-disk caches once, untimed
         first_byte(argv, env)
     load_before = os.getloadavg()

@@ -212,7 +212,7 @@ def main() -> None:
         print(int(hwm.split()[1]) / 1024)
         return
     from attnlab.nn import kernels
-    from attnlab.nn.int8 import int8_product
+    from attnlab.nn.int8 import INT8_DOT, int8_product
     from attnlab.nn.precision import cpu_flags
     flags = sorted(f for f in cpu_flags() if f in ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16"))
     sides = engines(args.threads)
@@ -251,7 +251,7 @@ def main() -> None:
           f"{flops / 1e9:.0f} GFLOP, so fp32 cannot beat {ceiling * 1e9 / flops * args.sentences:.0f} sent/s "
           f"({ceiling * 1e9 / flops * args.sentences / ort_best['fp32']:.2f}x the faster ORT fp32) on "
           f"{args.threads} thread(s)")
-    int8_goal = "1.2x" if {"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags() else "1.0x"  # AVX2 only: level
+    int8_goal = "1.2x" if set(INT8_DOT) & cpu_flags() else "1.0x"  # AVX2 only: level
     print(f"goals: fp32 >= 1.2x ORT fp32 (got {speed['attnlab fp32'] / ort_best['fp32']:.2f}x); int8 >= {int8_goal} "
           f"ORT int8 "
           f"(got {speed['attnlab int8'] / ort_best['int8']:.2f}x) with min cos >= 0.99 and mean >= 0.998 (got "

@@ -27,6 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import llama_no_repack  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -98,26 +101,9 @@ def run_attnlab(mode: str, args, batch: int, prompt_len: int) -> dict:
     return _child(cmd, env, lambda text: json.loads(text.strip().splitlines()[-1]))
 
 
-_LLAMA_EXTRA: list[str] = []  # ["--repack", "0"] once llama-bench's default repacked path has crashed here
-
-
 def run_llama(binary: str, path: Path, args, prompt_len: int) -> dict:
-    """llama-bench's default CPU path; where it crashes (its repacked weights on some AMX CPUs: SIGSEGV),
-    again with `--repack 0`, the best setting that runs, for this run and every later one, said in the table."""
-    try:
-        return _run_llama(binary, path, args, prompt_len)
-    except SystemExit as err:
-        if _LLAMA_EXTRA:
-            raise
-        print(f"llama-bench failed with its default settings ({str(err).splitlines()[0][-60:]}); "
-              "retrying with --repack 0", flush=True)
-        _LLAMA_EXTRA.extend(["--repack", "0"])
-        return _run_llama(binary, path, args, prompt_len)
-
-
-def _run_llama(binary: str, path: Path, args, prompt_len: int) -> dict:
     cmd = [binary, "-t", str(args.threads), "-p", str(prompt_len or 16), "-n", str(args.new_tokens), "-r", "1", "-o", "json",
-           *_LLAMA_EXTRA, "-m", str(path)]
+           *(["--repack", "0"] if llama_no_repack() else []), "-m", str(path)]
 
     def parse(text: str) -> dict:
         rows = json.loads(text[text.index("["):])
@@ -195,7 +181,8 @@ def main() -> None:
                 best[name] = res
     ref = best.get("llama.cpp llama-bench")
     print(f"\n{path.name}, {args.threads} thread(s), {args.new_tokens} new tokens, best of {args.rounds} interleaved rounds"
-          + (f"; llama-bench with {' '.join(_LLAMA_EXTRA)} (its default crashed here)" if _LLAMA_EXTRA else ""))
+          + ("; llama-bench with --repack 0 (its default repacked path crashes on AMX CPUs)" if llama_no_repack()
+             and args.llama_bench else ""))
     print(f"{'engine':30s} {'decode tok/s':>12s} {'vs llama.cpp':>12s} {'prompt tok/s':>12s} "
           f"{'peak RSS MB':>11s} {'load avg':>8s}")
     for name, res in best.items():

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._common import data_root, table  # noqa: E402
+from benchmarks._common import data_root, llama_no_repack, table  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.inference.quantize import quantize  # noqa: E402
@@ -105,9 +105,8 @@ def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, thr
     CPU time, and the load around it."""
     cmd = [str(bin_dir / "llama-perplexity"), "-m", str(gguf), "-f", str(text_file), "-c", str(n_ctx),
            "-t", str(threads), "-tb", str(threads), *extra]
-    from attnlab.nn.precision import cpu_flags
-    if "amx_int8" in cpu_flags() and "--no-repack" not in cmd:
-        cmd.append("--no-repack")  # its repacked weights crash on AMX CPUs (SIGSEGV); the result's "command" says so
+    if llama_no_repack() and "--no-repack" not in cmd:
+        cmd.append("--no-repack")  # (the result's "command" says so)
     loads = [os.getloadavg()[0]]
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()

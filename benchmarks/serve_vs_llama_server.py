@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, table  # noqa: E402
+from _common import REPO, llama_no_repack, table  # noqa: E402
 
 REQUESTS = REPO / "benchmarks" / "serve_requests.jsonl"
 SIDES = ("attnlab-fp32", "attnlab-quantized", "attnlab-fp16kv", "llama-server")
@@ -115,10 +115,6 @@ def cpu_description() -> str:
     simd = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
             if f in flags]
     return f"{model}, {os.cpu_count()} cores, {' '.join(simd) or 'no AVX2'}"
-
-
-def has_amx() -> bool:
-    return "amx_int8" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
 
 
 def llama_server_binary(given: str | None) -> Path:
@@ -354,7 +350,7 @@ def main() -> None:
         configs = []
         if side == "llama-server":
             binary = llama_server_binary(args.llama_bin)
-            extra = (["--no-repack"] if has_amx() else []) + args.llama_arg
+            extra = (["--no-repack"] if llama_no_repack() else []) + args.llama_arg
             for n in [int(x) for x in args.np.split(",")]:
                 configs.append((f"-np {n}", lambda port, n=n: [
                     str(binary), "-m", str(gguf), "-np", str(n), "--cont-batching", "-t", str(args.threads),
