@@ -89,6 +89,10 @@ def _everything() -> dict:
         out[f"rows_{kind}"] = q.dequantize_rows(blocks, kind, 96, ids)
         out[f"rows_bf16_{kind}"] = q.dequantize_rows(blocks, kind, 96, ids, torch.bfloat16)
         out[f"embedding_{kind}"] = q.BlockEmbedding(blocks, kind, 40, 96)(ids)
+        head = q.BlockLinear(_q4_blocks(48, 96, kind) if kind != 8 else _q8_blocks(48, 96), kind, 96, 48)
+        with q.exact_products():  # (the step's integer rounding exists on the kernel path only)
+            out[f"head_step_{kind}"] = head.step(torch.randn(96, generator=g))
+        head.packed_x16()  # the batch-1 step's repacked weights: asked for 4-bit blocks only
     qa = torch.randn(3, 4, 12, 32, generator=g)
     keep = torch.rand(3, 12, generator=g) > 0.3
     out["short_attention"] = scaled_dot_product_attention(qa, qa, qa, AttentionMask.build(keep, 12, 12))[0]
@@ -142,9 +146,10 @@ def test_without_a_compiler_every_entry_point_takes_torchs_path(how, monkeypatch
     # int8_gemm is AVX2's product: a CPU with int8 dot products (VNNI, AMX) never asks for it, so says nothing
     # int8_amx is asked for only where the CPU has AMX-INT8
     needs_avx2_product = not any(f in kernels.cpu_flags() for f in INT8_DOT)
-    asked = {"int8_gemm": needs_avx2_product, "int8_amx": "amx_int8" in kernels.cpu_flags()}
+    # ggml_x16 (the step's repacked weights) is asked only where the block kernels run
+    asked = {"int8_gemm": needs_avx2_product, "int8_amx": "amx_int8" in kernels.cpu_flags(), "ggml_x16": False}
     for name in ("int8_rows", "int8_gemm", "int8_amx", "fused_rows", "ggml_blocks", "short_attention",
-                 "causal_attention"):
+                 "causal_attention", "ggml_x16"):
         want_lines = int(asked.get(name, True))
         assert sum(line.startswith(f"attnlab: C kernel {name} ") for line in lines) == want_lines, (name, lines)
     assert any(line.startswith("attnlab: C kernel int8_rows unavailable (") and reason in line
@@ -166,12 +171,14 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
     assert status["causal_attention"]["reason"] == "this CPU lacks avx512f, avx512_bf16"
     assert status["int8_gemm"]["reason"] == "this CPU lacks avx2, fma"
     assert status["int8_amx"]["reason"] == "this CPU lacks amx_int8, amx_tile, avx512f"
+    assert status["ggml_x16"]["reason"] == "this CPU lacks avx512f, avx512bw, avx512_vnni"
     assert status["int8_rows"]["active"] and status["fused_rows"]["active"]  # portable C: no special needs
     assert status["paged_attention"]["active"]
     assert list(tmp_path.glob("kernels/attnlab-kernels-*.so"))
     lines = _lines(caplog)
     assert lines.count(LINE.format("short_attention", "this CPU lacks avx2, fma")) == 1
     assert lines.count(LINE.format("causal_attention", "this CPU lacks avx512f, avx512_bf16")) == 1
+    assert lines.count(LINE.format("ggml_x16", "this CPU lacks avx512f, avx512bw, avx512_vnni")) == 1
     assert not any("int8_rows" in line for line in lines)
     # the CPU's own limits are info, not warnings: every command on an AVX2 machine would repeat them
     assert not [r for r in caplog.records if r.name == "attnlab.kernels" and r.levelno >= logging.WARNING]
@@ -180,7 +187,8 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
 def test_kernel_status_says_what_runs_and_why():
     status = kernels.kernel_status()
     assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "int8_gemm", "int8_amx", "short_attention",
-                                           "fused_rows", "causal_attention", "paged_attention", "dropout"]
+                                           "fused_rows", "causal_attention", "paged_attention", "dropout",
+                                           "ggml_x16"]
     for s in status:
         assert set(s) == {"name", "active", "reason"} and isinstance(s["active"], bool) and s["reason"]
         assert s["active"] == s["reason"].startswith("built with ")

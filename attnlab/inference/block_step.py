@@ -76,6 +76,18 @@ def _layer_table(model, keys: list[torch.Tensor], values: list[torch.Tensor]):
     return keep, (ctypes.c_void_p * len(ptrs))(*ptrs), (ctypes.c_int * len(kinds))(*kinds)
 
 
+def _packed_table(model):
+    """(tensors to keep alive, 7 pointers a layer in _PROJ's order): each matrix's 16-row repacked copy for the
+    step's integer products (csrc/ggml_x16.c), or NULL where it has none (the GGUF blocks serve)."""
+    keep, ptrs = [], []
+    for layer in model.backbone.layers:
+        for n in _PROJ:
+            packed = layer.get_submodule(n).packed_x16()
+            ptrs.append(None if packed is None else packed.data_ptr())
+            keep.append(packed)
+    return keep, (ctypes.c_void_p * len(ptrs))(*ptrs)
+
+
 def _rope_tables(model, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin (capacity, head_dim) of every position, as RotaryEmbedding computes them."""
     angles = torch.arange(capacity, dtype=torch.float32)[:, None] * model.backbone.rope.inv_freq
@@ -101,6 +113,7 @@ class BlockSteps:
                 return False  # C reads host memory only: any other device takes the model's own step
         cfg = self.cfg
         self.keep, self.ptrs, self.kinds = _layer_table(self.model, self.cache.keys, self.cache.values)
+        self.keep_packed, self.packed = _packed_table(self.model)
         self.capacity = self.cache.keys[0].size(2)
         self.x = torch.empty(cfg.hidden_size)
         self.scratch = torch.empty(step_scratch_floats(cfg, scores=self.capacity))
@@ -119,9 +132,9 @@ class BlockSteps:
         call_bound("llama_decode_step", cfg.num_layers, x.data_ptr(), self.ptrs, self.kinds, cfg.hidden_size,
                    cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale,
                    self.capacity, pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), self.scratch.data_ptr(),
-                   torch.get_num_threads())
+                   torch.get_num_threads(), self.packed)
         self.cache.lengths = [pos + 1] * cfg.num_layers
-        return self.model.lm_head(self.model.backbone.final_norm(x))[None]
+        return self.model.lm_head.step(self.model.backbone.final_norm(x).float().contiguous())[None]
 
 
 class PagedBlockSteps:

@@ -99,7 +99,7 @@ def _build(plan: dict) -> ctypes.CDLL:
     # weight and cache pointers, which inference/block_step.py (or inference/lean.py) builds and checks. The
     # checked door (kernels.py) declares the types of all the others from their signatures.
     p, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-    lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p, i32]
+    lib.llama_decode_step.argtypes = [i32, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p, i32, p]
     lib.llama_decode_step.restype = i32
     lib.paged_decode_layers.argtypes = [i32, i64, p, p, p, i32, i32, i32, i32, i32, f32, f32, i64, i64, p, p, p,
                                         p, p, p, i64, i32, p, i32]

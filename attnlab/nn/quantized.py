@@ -153,6 +153,35 @@ class BlockLinear(nn.Module):
         out = out.view(*shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """One fp32 row (in_features,) multiplied as the batch-1 decode step multiplies (int8 activations per
+        block of 32 unless `exact_products`, csrc/ggml_blocks.c): `generate`'s LM head, so that the head and
+        the layers of a step round alike, as llama.cpp's do. Elsewhere (no kernels, another device) the forward."""
+        if x.device.type != "cpu" or self.blocks.device.type != "cpu" or kernels() is None:
+            return self(x)
+        out = torch.empty(self.out_features, dtype=torch.float32)
+        door.call("ggml_head_step", self.kind, x, self.in_features, self.blocks, self.out_features, out, min_rows=64)
+        if self.bias is not None:
+            out += self.bias
+        return out
+
+    def packed_x16(self) -> torch.Tensor | None:
+        """The blocks repacked 16 rows at a time for the batch-1 step's integer products (csrc/ggml_x16.c: one
+        64-byte load holds 4 weights of each of 16 rows), made on first use and kept (as many bytes as Q4_1
+        blocks); None where that kernel does not run here or the matrix is not Q4_0 / Q4_1 with rows a
+        multiple of 16."""
+        if "_x16" not in self.__dict__:
+            packed = None
+            if (self.kind in (2, 3) and self.out_features % 16 == 0 and self.in_features <= 65536
+                    and self.blocks.device.type == "cpu" and kernels() is not None and door.active("ggml_x16")):
+                packed = torch.empty(self.out_features * self.in_features // 32 * 20, dtype=torch.uint8)
+                try:
+                    door.call("ggml_x16_pack", self.kind, self.blocks, self.out_features, self.in_features, packed)
+                except RuntimeError:  # a Q4_0 scale whose offset -8 d overflows fp16: the GGUF blocks serve
+                    packed = None
+            self.__dict__["_x16"] = packed
+        return self.__dict__["_x16"]
+
     def dequantized(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Weight rows start..end-1 (output features) as an (end - start, in_features) fp32 or bf16 tile."""
         return dequantize_rows(self.blocks, self.kind, self.in_features, torch.arange(start, end), dtype)

@@ -318,6 +318,9 @@ AI void dot4_i8(const int kind, const uint8_t *w, size_t row_bytes, int nb, cons
 #ifdef HAVE_SIMD
 #ifdef HAVE_DOT_I8
 static int exact_activations = 0;
+
+/* x's quantization for the repacked 4-bit product too (ggml_x16.c): one rounding for both layouts. */
+void ggml_quantize_x(const float *x, int nb, int8_t *q, float *dx, int32_t *sq) { quantize_x(x, nb, q, dx, sq); }
 #endif
 
 AI void matmul_kind(const int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
@@ -512,6 +515,24 @@ static int step_product(int kind, const float *x, int64_t K, const uint8_t *w, i
     return atomic_load(&j.rc);
 }
 
+/* The LM head of the batch-1 step (`generate`): x's one row against weight rows [start, end), taken as the
+ * layers' products of llama_decode_step take it (integer unless exact), as llama.cpp's head is. In fp32 it was
+ * a quarter of SmolLM2's token (its 49,152 x 576 Q8_0 head widens 28 M weights to floats). */
+int ggml_head_step(int kind, const float *x, int64_t K, const uint8_t *w, int64_t N, float *out, int64_t start,
+                   int64_t end) {
+    if (start < 0 || end > N || start > end || K % 32) return -1;
+    const int64_t rb = K / 32 * (kind == 2 ? 18 : kind == 3 ? 20 : 34);
+    return matmul_rows(kind, x, 1, K, w + start * rb, end - start, out + start, !ggml_exact(-1));
+}
+
+int ggml_head_step_par(int kind, const float *x, int64_t K, const uint8_t *w, int64_t N, float *out, int64_t start,
+                       int64_t end, int parts) {
+    if (start < 0 || end > N || start > end || K % 32) return -1;
+    matmul_job j = {kind, x, 1, K, w, N, out, 0, !ggml_exact(-1)};
+    pool_run(matmul_part, &j, start, end, parts);
+    return atomic_load(&j.rc);
+}
+
 int ggml_matmul_cols_par(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out,
                          int64_t start, int64_t end, int parts) {
     if (start < 0 || end > N || start > end) return -1;
@@ -663,21 +684,33 @@ static void attn_part(void *ctx, int64_t start, int64_t end) {  /* a pool thread
     free(sc);
 }
 
+int ggml_x16_step(const uint8_t *w, const float *x, int64_t K, int64_t N, float *out, int parts);  /* ggml_x16.c */
+
+/* A matrix of the step: on its 16-row repacked copy `wp` (ggml_x16.c) where there is one and the step is not
+ * exact, else on the GGUF blocks. */
+static int step_matrix(int kind, const float *x, int64_t K, const void *w, const void *wp, int64_t N, float *out,
+                       int i8, int parts) {
+    if (i8 && wp) return ggml_x16_step((const uint8_t *)wp, x, K, N, out, parts);
+    return step_product(kind, x, K, (const uint8_t *)w, N, out, i8, parts);
+}
+
+/* packed: NULL, or 7 pointers a layer (q, k, v, o, gate, up, down), each NULL or the matrix repacked by
+ * ggml_x16_pack (the Python side packs where `ggml_x16_supported`). */
 int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int hidden, int heads, int kv_heads,
                       int hd, int ffn, float eps, float scale, int64_t cap, int64_t pos, const float *cs,
-                      const float *sn, float *scratch, int parts) {
+                      const float *sn, float *scratch, int parts, void **packed) {
     if (pos >= cap || heads % kv_heads) return -1;
     float *n1 = scratch, *q = n1 + hidden, *k = q + heads * hd, *v = k + kv_heads * hd, *att = v + kv_heads * hd,
           *o = att + heads * hd, *sc = o + hidden, *g = sc + cap, *u = g + ffn;
     const int groups = heads / kv_heads, qn = heads * hd, kn = kv_heads * hd, i8 = !ggml_exact(-1);
     for (int l = 0; l < n_layers; l++) {
-        void **P = ptrs + 11 * l;
+        void **P = ptrs + 11 * l, *none[7] = {0}, **W = packed ? packed + 7 * l : none;
         const int *K = kinds + 7 * l;
         float *kc = (float *)P[9], *vc = (float *)P[10];
         attnlab_rmsnorm(x, (const float *)P[0], eps, hidden, n1);
-        if (step_product(K[0], n1, hidden, (const uint8_t *)P[2], qn, q, i8, parts) ||
-            step_product(K[1], n1, hidden, (const uint8_t *)P[3], kn, k, i8, parts) ||
-            step_product(K[2], n1, hidden, (const uint8_t *)P[4], kn, v, i8, parts)) return -1;
+        if (step_matrix(K[0], n1, hidden, P[2], W[0], qn, q, i8, parts) ||
+            step_matrix(K[1], n1, hidden, P[3], W[1], kn, k, i8, parts) ||
+            step_matrix(K[2], n1, hidden, P[4], W[2], kn, v, i8, parts)) return -1;
         attnlab_rope(q, heads, hd, cs, sn);
         attnlab_rope(k, kv_heads, hd, cs, sn);
         for (int gi = 0; gi < kv_heads; gi++) {
@@ -691,13 +724,13 @@ int llama_decode_step(int n_layers, float *x, void **ptrs, const int *kinds, int
         } else {
             attend_heads(&aj, 0, heads, sc);
         }
-        if (step_product(K[3], att, qn, (const uint8_t *)P[5], hidden, o, i8, parts)) return -1;
+        if (step_matrix(K[3], att, qn, P[5], W[3], hidden, o, i8, parts)) return -1;
         for (int i = 0; i < hidden; i++) x[i] += o[i];
         attnlab_rmsnorm(x, (const float *)P[1], eps, hidden, n1);
-        if (step_product(K[4], n1, hidden, (const uint8_t *)P[6], ffn, g, i8, parts) ||
-            step_product(K[5], n1, hidden, (const uint8_t *)P[7], ffn, u, i8, parts)) return -1;
+        if (step_matrix(K[4], n1, hidden, P[6], W[4], ffn, g, i8, parts) ||
+            step_matrix(K[5], n1, hidden, P[7], W[5], ffn, u, i8, parts)) return -1;
         for (int i = 0; i < ffn; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-        if (step_product(K[6], g, ffn, (const uint8_t *)P[8], hidden, o, i8, parts)) return -1;
+        if (step_matrix(K[6], g, ffn, P[8], W[6], hidden, o, i8, parts)) return -1;
         for (int i = 0; i < hidden; i++) x[i] += o[i];
     }
     return 0;
