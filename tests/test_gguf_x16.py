@@ -53,9 +53,9 @@ def _unpack(packed: np.ndarray, n: int, k: int):
     return d, m, np.concatenate([lo, hi], axis=-1).reshape(n, k)
 
 
-def _pack(blocks: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
+def _pack(blocks: np.ndarray, kind: int, n: int, k: int, parts: int = 1) -> torch.Tensor:
     out = torch.empty(n * k // 32 * 20, dtype=torch.uint8)
-    door.call("ggml_x16_pack", kind, torch.from_numpy(blocks.reshape(-1)), n, k, out)
+    door.call("ggml_x16_pack", kind, torch.from_numpy(blocks.reshape(-1)), n, k, out, parts)
     return out
 
 
@@ -64,7 +64,9 @@ def _pack(blocks: np.ndarray, kind: int, n: int, k: int) -> torch.Tensor:
 def test_the_repacked_layout_holds_the_blocks_numbers(kind, n, k):
     blocks = _blocks(kind, n, k, seed=n + k + kind)
     d, m, codes = _fields(blocks, kind, n, k)
-    pd, pm, pcodes = _unpack(_pack(blocks, kind, n, k).numpy(), n, k)
+    packed = _pack(blocks, kind, n, k)
+    assert torch.equal(_pack(blocks, kind, n, k, parts=2), packed)  # the groups split over threads
+    pd, pm, pcodes = _unpack(packed.numpy(), n, k)
     assert np.array_equal(pd.view(np.uint16), d.view(np.uint16)) and np.array_equal(pcodes, codes)
     want_m = m if kind == 3 else (np.float32(-8.0) * d.astype(np.float32)).astype(np.float16)
     assert np.array_equal(pm.view(np.uint16), want_m.view(np.uint16))
@@ -84,20 +86,23 @@ def test_q4_0_offsets_are_exact_for_every_fp16_scale_that_fits():
     packed = _pack(raw, 2, n, nb * 32).numpy()
     _, pm, _ = _unpack(packed, n, nb * 32)
     assert np.array_equal(pm.view(np.uint16), (np.float32(-8.0) * d.astype(np.float32)).astype(np.float16).view(np.uint16))
-    raw[3, 5, :2] = np.array([8192.0], np.float16).view(np.uint8)  # -8 x 8192 = -65536: beyond fp16
-    with pytest.raises(RuntimeError, match="ggml_x16_pack failed"):
-        _pack(raw, 2, n, nb * 32)
+    for row in (3, 19):  # in the first or the second group (either thread's half with two)
+        bad = raw.copy()
+        bad[row, 5, :2] = np.array([8192.0], np.float16).view(np.uint8)  # -8 x 8192 = -65536: beyond fp16
+        for parts in (1, 2):
+            with pytest.raises(RuntimeError, match="ggml_x16_pack failed"):
+                _pack(bad, 2, n, nb * 32, parts)
 
 
 def test_the_door_refuses_what_the_kernel_does_not_take():
     blocks = _blocks(3, 48, 64, seed=1)
     out = torch.empty(48 * 2 * 20, dtype=torch.uint8)
     with pytest.raises(KernelArgumentError, match="N a positive multiple of 16"):
-        door.call("ggml_x16_pack", 3, torch.from_numpy(blocks.reshape(-1))[:40 * 2 * 20], 40, 64, out[:40 * 40])
+        door.call("ggml_x16_pack", 3, torch.from_numpy(blocks.reshape(-1))[:40 * 2 * 20], 40, 64, out[:40 * 40], 1)
     with pytest.raises(KernelArgumentError, match="kind 2"):
-        door.call("ggml_x16_pack", 8, torch.zeros(48 * 2 * 34, dtype=torch.uint8), 48, 64, out)
+        door.call("ggml_x16_pack", 8, torch.zeros(48 * 2 * 34, dtype=torch.uint8), 48, 64, out, 1)
     with pytest.raises(KernelArgumentError):  # a buffer shorter than N rows of K / 32 blocks
-        door.call("ggml_x16_pack", 3, torch.from_numpy(blocks.reshape(-1))[:-1], 48, 64, out)
+        door.call("ggml_x16_pack", 3, torch.from_numpy(blocks.reshape(-1))[:-1], 48, 64, out, 1)
     with pytest.raises(KernelArgumentError, match="K a multiple of 32 up to 65,536"):
         door.call("ggml_x16_step", torch.zeros(16 * 65568 // 32 * 20, dtype=torch.uint8), torch.zeros(65568), 65568,
                   16, torch.zeros(16), 1)

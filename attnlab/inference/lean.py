@@ -69,7 +69,7 @@ def _pack_x16(w: np.ndarray, kind: int) -> np.ndarray | None:
     out = np.empty(n * k // 32 * 20, np.uint8)
     w = np.ascontiguousarray(w)
     try:
-        kernel_build.call_bound("ggml_x16_pack", _i32(kind), _ptr(w), _i64(n), _i64(k), _ptr(out))
+        kernel_build.call_bound("ggml_x16_pack", _i32(kind), _ptr(w), _i64(n), _i64(k), _ptr(out), _i32(threads()))
     except RuntimeError:  # a Q4_0 offset -8 d beyond fp16: the GGUF blocks serve
         return None
     return out

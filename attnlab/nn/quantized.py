@@ -176,7 +176,8 @@ class BlockLinear(nn.Module):
                     and self.blocks.device.type == "cpu" and kernels() is not None and door.active("ggml_x16")):
                 packed = torch.empty(self.out_features * self.in_features // 32 * 20, dtype=torch.uint8)
                 try:
-                    door.call("ggml_x16_pack", self.kind, self.blocks, self.out_features, self.in_features, packed)
+                    door.call("ggml_x16_pack", self.kind, self.blocks, self.out_features, self.in_features, packed,
+                              torch.get_num_threads())
                 except RuntimeError:  # a Q4_0 scale whose offset -8 d overflows fp16: the GGUF blocks serve
                     packed = None
             self.__dict__["_x16"] = packed
