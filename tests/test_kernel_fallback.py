@@ -89,10 +89,8 @@ def _everything() -> dict:
         out[f"rows_{kind}"] = q.dequantize_rows(blocks, kind, 96, ids)
         out[f"rows_bf16_{kind}"] = q.dequantize_rows(blocks, kind, 96, ids, torch.bfloat16)
         out[f"embedding_{kind}"] = q.BlockEmbedding(blocks, kind, 40, 96)(ids)
-        head = q.BlockLinear(_q4_blocks(48, 96, kind) if kind != 8 else _q8_blocks(48, 96), kind, 96, 48)
-        with q.exact_products():  # (the step's integer rounding exists on the kernel path only)
-            out[f"head_step_{kind}"] = head.step(torch.randn(96, generator=g))
-        head.packed_x16()  # the batch-1 step's repacked weights: asked for 4-bit blocks only
+        # the batch-1 step's repacked weights (no numbers of their own here): asked for 4-bit blocks only
+        q.BlockLinear(_q4_blocks(48, 96, kind) if kind != 8 else _q8_blocks(48, 96), kind, 96, 48).packed_x16()
     qa = torch.randn(3, 4, 12, 32, generator=g)
     keep = torch.rand(3, 12, generator=g) > 0.3
     out["short_attention"] = scaled_dot_product_attention(qa, qa, qa, AttentionMask.build(keep, 12, 12))[0]

@@ -134,7 +134,7 @@ class BlockSteps:
                    self.capacity, pos, self.cos[pos].data_ptr(), self.sin[pos].data_ptr(), self.scratch.data_ptr(),
                    torch.get_num_threads(), self.packed)
         self.cache.lengths = [pos + 1] * cfg.num_layers
-        return self.model.lm_head.step(self.model.backbone.final_norm(x).float().contiguous())[None]
+        return self.model.lm_head(self.model.backbone.final_norm(x))[None]
 
 
 class PagedBlockSteps:

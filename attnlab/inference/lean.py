@@ -5,9 +5,9 @@ up to its first token. For a LLaMA-style .gguf whose every matrix is Q4_0, Q4_1 
 decoder already runs in C (nn/csrc): the prompt through `paged_decode_layers` (every layer of all prompt rows
 per call, each row attending to the rows before it: the serving engine's step, paged_step.c, with one
 sequence's positions as its slots), then one token at a time through `llama_decode_step` (ggml_blocks.c, the
-batch-1 step `generate` takes on the same model), the LM head through `ggml_matmul_cols_par` after the
-prompt and `ggml_head_step_par` after a step. Here numpy holds the buffers and the file's blocks stay
-memory-mapped, so `generate` prints its first token without loading torch. The numbers are those of the modules' path: the same C functions in the same order, with the
+batch-1 step `generate` takes on the same model), the LM head through `ggml_matmul_cols_par`. Here numpy
+holds the buffers and the file's blocks stay memory-mapped, so `generate` prints its first token without
+loading torch. The numbers are those of the modules' path: the same C functions in the same order, with the
 prompt's products and attention in C rather than torch's (rounding differences only;
 tests/test_lean_decode.py holds the texts equal).
 
@@ -170,22 +170,16 @@ class LeanDecoder:
                                 _i64(self.cfg.hidden_size), _ptr(ids), _i64(ids.size), _ptr(out))
         return out
 
-    def _logits(self, x: np.ndarray, step: bool) -> np.ndarray:
-        """The LM head on the final RMSNorm of one hidden row: after the prompt in fp32 (as the model's own
-        forward), after a step as the step's products (int8 activations unless exact; the torch path's
-        `BlockLinear.step`)."""
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        """The LM head on the final RMSNorm of one hidden row."""
         x = x.astype(np.float32)
         n = x * (np.float32(1.0) / np.sqrt(np.mean(x * x, dtype=np.float32) + np.float32(self.cfg.norm_eps)))
         n = np.ascontiguousarray(n * self.final_norm, np.float32)
         out = np.empty(self.cfg.vocab_size, np.float32)
         v, k = self.cfg.vocab_size, self.cfg.hidden_size
-        parts = _i32(max(1, min(self._threads, v // 64)))
-        if step:
-            kernel_build.call_bound("ggml_head_step_par", _i32(self.head_kind), _ptr(n), _i64(k), _ptr(self.head),
-                                    _i64(v), _ptr(out), _i64(0), _i64(v), parts)
-        else:
-            kernel_build.call_bound("ggml_matmul_cols_par", _i32(self.head_kind), _ptr(n), _i64(1), _i64(k),
-                                    _ptr(self.head), _i64(v), _ptr(out), _i64(0), _i64(v), parts)
+        kernel_build.call_bound("ggml_matmul_cols_par", _i32(self.head_kind), _ptr(n), _i64(1), _i64(k),
+                                _ptr(self.head), _i64(v), _ptr(out), _i64(0), _i64(v),
+                                _i32(max(1, min(self._threads, v // 64))))
         return out
 
     def start(self, ids: list[int], max_new_tokens: int) -> np.ndarray:
@@ -227,7 +221,7 @@ class LeanDecoder:
         scratch = np.empty(kernel_build.step_scratch_floats(cfg, scores=capacity), np.float32)
         self._run = {"keys": keys, "values": values, "table": self._table(keys, values), "scratch": scratch,
                      "cos": cos, "sin": sin, "capacity": capacity, "pos": n}
-        return self._logits(x[-1], step=False)
+        return self._logits(x[-1])
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token after `start` (or the previous step): the next-token logits (vocab,)."""
@@ -243,7 +237,7 @@ class LeanDecoder:
             cfg.kv_heads, cfg.dim_head, cfg.intermediate_size, cfg.norm_eps, self.scale, run["capacity"], pos,
             _ptr(run["cos"][pos]), _ptr(run["sin"][pos]), _ptr(run["scratch"]), self._threads, self.packed)
         run["pos"] = pos + 1
-        return self._logits(h, step=True)
+        return self._logits(h)
 
     def greedy(self, ids: list[int], max_new_tokens: int) -> Iterator[int]:
         """The greedy continuation of prompt `ids`, one token id at a time (EOS included: the caller stops)."""

@@ -71,8 +71,9 @@ def exact_products(on: bool = True):
     """Within the block, the batch-1 decode step (inference/block_step.py) multiplies in fp32 against the
     widened weights (the dequantized product to rounding) instead of its default integer path, which
     quantizes each activation row to int8 per block of 32 as llama.cpp does (~1.5x faster products on a CPU
-    with AVX512-VNNI, ~2x with AVX2; see csrc/ggml_blocks.c). Everything else (prompts, the LM head,
-    BlockLinear called from Python) is exact either way. ATTNLAB_GGUF_EXACT=1 (or `generate --exact`) makes
+    with AVX512-VNNI, ~2x with AVX2; see csrc/ggml_blocks.c), on AVX512-VNNI with its 4-bit matrices
+    repacked 16 rows at a time (csrc/ggml_x16.c). Everything else (prompts, the LM head, BlockLinear called
+    from Python) is exact either way. ATTNLAB_GGUF_EXACT=1 (or `generate --exact`) makes
     exact the default."""
     lib = kernels()
     old = door.call("ggml_exact", int(on)) if lib is not None else 1
@@ -152,18 +153,6 @@ class BlockLinear(nn.Module):
             out += self.bias
         out = out.view(*shape[:-1], self.out_features)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        """One fp32 row (in_features,) multiplied as the batch-1 decode step multiplies (int8 activations per
-        block of 32 unless `exact_products`, csrc/ggml_blocks.c): `generate`'s LM head, so that the head and
-        the layers of a step round alike, as llama.cpp's do. Elsewhere (no kernels, another device) the forward."""
-        if x.device.type != "cpu" or self.blocks.device.type != "cpu" or kernels() is None:
-            return self(x)
-        out = torch.empty(self.out_features, dtype=torch.float32)
-        door.call("ggml_head_step", self.kind, x, self.in_features, self.blocks, self.out_features, out, min_rows=64)
-        if self.bias is not None:
-            out += self.bias
-        return out
 
     def packed_x16(self) -> torch.Tensor | None:
         """The blocks repacked 16 rows at a time for the batch-1 step's integer products (csrc/ggml_x16.c: one

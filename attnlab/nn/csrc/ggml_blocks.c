@@ -99,7 +99,9 @@ AI void tile(int kind, const uint8_t *w, size_t row_bytes, int bs, int nb, const
  * Unpacking a 4-bit block costs a shift and a mask instead of widening it to 32 floats, which is what
  * bounded the fp32 path at ~16.5 G weights/s. The price is x's rounding (1/254 of each block's range):
  * results are no longer the dequantized fp32 product to rounding, so only the batch-1 decode step takes
- * this path (`ggml_exact(1)` turns it off): prompts and the LM head, called from Python, stay exact. */
+ * this path (`ggml_exact(1)` turns it off), on AVX512-VNNI with its 4-bit matrices repacked (ggml_x16.c):
+ * prompts and the LM head, called from Python, stay exact. The head is bound by bytes, not arithmetic: with
+ * int8 activations it decoded SmolLM2 no faster (AMX Xeon, 1 and 2 threads, 2026-11-30). */
 #define HAVE_DOT_I8 1
 
 static void quantize_x(const float *x, int nb, int8_t *q, float *dx, int32_t *sq) {
@@ -512,24 +514,6 @@ static int step_product(int kind, const float *x, int64_t K, const uint8_t *w, i
     if (parts <= 1 || K % 32) return matmul_rows(kind, x, 1, K, w, N, out, i8);
     matmul_job j = {kind, x, 1, K, w, N, out, 0, i8};
     pool_run(matmul_part, &j, 0, N, parts);
-    return atomic_load(&j.rc);
-}
-
-/* The LM head of the batch-1 step (`generate`): x's one row against weight rows [start, end), taken as the
- * layers' products of llama_decode_step take it (integer unless exact), as llama.cpp's head is. In fp32 it was
- * a quarter of SmolLM2's token (its 49,152 x 576 Q8_0 head widens 28 M weights to floats). */
-int ggml_head_step(int kind, const float *x, int64_t K, const uint8_t *w, int64_t N, float *out, int64_t start,
-                   int64_t end) {
-    if (start < 0 || end > N || start > end || K % 32) return -1;
-    const int64_t rb = K / 32 * (kind == 2 ? 18 : kind == 3 ? 20 : 34);
-    return matmul_rows(kind, x, 1, K, w + start * rb, end - start, out + start, !ggml_exact(-1));
-}
-
-int ggml_head_step_par(int kind, const float *x, int64_t K, const uint8_t *w, int64_t N, float *out, int64_t start,
-                       int64_t end, int parts) {
-    if (start < 0 || end > N || start > end || K % 32) return -1;
-    matmul_job j = {kind, x, 1, K, w, N, out, 0, !ggml_exact(-1)};
-    pool_run(matmul_part, &j, start, end, parts);
     return atomic_load(&j.rc);
 }
 
