@@ -20,7 +20,7 @@ from test_gguf_quantized import write_tiny_quantized  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not q.available(), reason=f"no C compiler: {q.why_unavailable()}")
 needs_vnni = pytest.mark.skipif(not door.active("ggml_x16") if q.available() else True,
-                                reason="the repacked product needs AVX512-VNNI (this CPU or build lacks it)")
+                                reason="the repacked product needs AVX512-VNNI or AVX2 (this CPU or build lacks it)")
 BS = {2: 18, 3: 20}
 
 
@@ -121,8 +121,8 @@ def _reference(blocks: np.ndarray, kind: int, n: int, k: int, x: np.ndarray) -> 
     d = d.astype(np.float64)
     m = m.astype(np.float64) if kind == 3 else -8.0 * d
     dots = np.einsum("nbj,bj->nb", codes.reshape(n, nb, 32).astype(np.int64), qx)
-    terms = d * dx * dots + m * (dx * qx.sum(-1))
-    return terms.sum(-1), np.abs(terms).sum(-1)
+    scaled, offsets = d * dx * dots, m * (dx * qx.sum(-1))  # (Q4_0's two nearly cancel: both count in the scale)
+    return (scaled + offsets).sum(-1), (np.abs(scaled) + np.abs(offsets)).sum(-1)
 
 
 @needs_vnni
@@ -175,3 +175,50 @@ def test_both_decoders_take_the_repacked_weights(tiny):
         runs.append(np.stack(rows))
     assert np.array_equal(runs[0][0], runs[1][0])  # the prompt's logits: fp32 products either way
     np.testing.assert_allclose(runs[0], runs[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def avx2_build(tmp_path_factory):
+    """The kernels built for AVX2 without AVX-512 (the build an AVX2-only CPU gets), on a CPU that can run it:
+    so an AVX-512 machine tests the AVX2 kernel too."""
+    import ctypes
+    import subprocess
+
+    from attnlab.nn import kernel_build
+    if not {"avx2", "fma", "f16c"} <= door.cpu_flags():
+        pytest.skip("this CPU cannot run an AVX2 build")
+    cc, why = kernel_build.find_compiler()
+    if cc is None:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("avx2") / "kernels-avx2.so"
+    cmd = [cc, "-O2", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-pthread", "-o", str(out),
+           *map(str, kernel_build.SOURCES), "-lm"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-800:]
+    lib = ctypes.CDLL(str(out))
+    assert lib.ggml_x16_supported() == 1
+    return lib
+
+
+@pytest.mark.parametrize("kind", [2, 3])
+@pytest.mark.parametrize("n,k", [(16, 32), (48, 96), (1536, 576), (576, 1536)])
+def test_the_avx2_kernel_is_the_integer_step(avx2_build, kind, n, k):
+    import ctypes
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    blocks = np.ascontiguousarray(_blocks(kind, n, k, seed=3 * n + k + kind))
+    packed = np.empty(n * k // 32 * 20, np.uint8)
+    assert avx2_build.ggml_x16_pack(i32(kind), p(blocks.ctypes.data), i64(n), i64(k), p(packed.ctypes.data),
+                                    i32(2)) == 0
+    x = np.random.default_rng(k).standard_normal(k).astype(np.float32)
+    outs = []
+    for parts in (1, 2):
+        out = np.full(n, np.nan, np.float32)
+        assert avx2_build.ggml_x16_step(p(packed.ctypes.data), p(x.ctypes.data), i64(k), i64(n),
+                                        p(out.ctypes.data), i32(parts)) == 0
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])
+    want, scale = _reference(blocks, kind, n, k, x)
+    assert np.all(np.abs(outs[0] - want) <= 1e-6 * scale + 1e-7)
+    old = np.empty(n, np.float32)  # the AVX2 build's unpacked integer path: same sums, x quantized alike
+    avx2_build.ggml_matvec_step(i32(kind), p(x.ctypes.data), i64(k), p(blocks.ctypes.data), i64(n), p(old.ctypes.data))
+    assert np.all(np.abs(old - want) <= 1e-6 * scale + 1e-7)

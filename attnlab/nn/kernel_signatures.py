@@ -241,7 +241,8 @@ KERNELS: dict[str, dict] = {
     "causal_attention": {"needs": ("avx512f", "avx512_bf16"), "probe": "causal_attention_supported"},
     "paged_attention": {"needs": (), "probe": None},
     "dropout": {"needs": (), "probe": None},
-    "ggml_x16": {"needs": ("avx512f", "avx512bw", "avx512_vnni"), "probe": "ggml_x16_supported"},
+    "ggml_x16": {"needs": ("avx2", "fma", "f16c"), "probe": "ggml_x16_supported",  # or avx512 with vnni
+                 "probe_fails": "built with AVX-512 but without AVX512-VNNI, or without AVX2"},
 }
 
 

@@ -71,8 +71,8 @@ def exact_products(on: bool = True):
     """Within the block, the batch-1 decode step (inference/block_step.py) multiplies in fp32 against the
     widened weights (the dequantized product to rounding) instead of its default integer path, which
     quantizes each activation row to int8 per block of 32 as llama.cpp does (~1.5x faster products on a CPU
-    with AVX512-VNNI, ~2x with AVX2; see csrc/ggml_blocks.c), on AVX512-VNNI with its 4-bit matrices
-    repacked 16 rows at a time (csrc/ggml_x16.c). Everything else (prompts, the LM head, BlockLinear called
+    with AVX512-VNNI, ~2x with AVX2; see csrc/ggml_blocks.c), with its 4-bit matrices repacked 16 rows at
+    a time (csrc/ggml_x16.c). Everything else (prompts, the LM head, BlockLinear called
     from Python) is exact either way. ATTNLAB_GGUF_EXACT=1 (or `generate --exact`) makes
     exact the default."""
     lib = kernels()

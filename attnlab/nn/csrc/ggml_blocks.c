@@ -99,7 +99,7 @@ AI void tile(int kind, const uint8_t *w, size_t row_bytes, int bs, int nb, const
  * Unpacking a 4-bit block costs a shift and a mask instead of widening it to 32 floats, which is what
  * bounded the fp32 path at ~16.5 G weights/s. The price is x's rounding (1/254 of each block's range):
  * results are no longer the dequantized fp32 product to rounding, so only the batch-1 decode step takes
- * this path (`ggml_exact(1)` turns it off), on AVX512-VNNI with its 4-bit matrices repacked (ggml_x16.c):
+ * this path (`ggml_exact(1)` turns it off), with its 4-bit matrices repacked (ggml_x16.c, VNNI or AVX2):
  * prompts and the LM head, called from Python, stay exact. The head is bound by bytes, not arithmetic: with
  * int8 activations it decoded SmolLM2 no faster (AMX Xeon, 1 and 2 threads, 2026-11-30). */
 #define HAVE_DOT_I8 1

@@ -1,4 +1,4 @@
-/* The batch-1 decode step's 4-bit products on weights repacked 16 rows at a time (AVX512-VNNI).
+/* The batch-1 decode step's 4-bit products on weights repacked 16 rows at a time (AVX512-VNNI, or AVX2).
  *
  * Part of attnlab (built with the other kernels; `ggml_x16_pack` through the checked door of
  * attnlab/nn/kernels.py, the product from `llama_decode_step` in ggml_blocks.c).
@@ -27,7 +27,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -99,7 +99,10 @@ int ggml_x16_pack(int kind, const uint8_t *w, int64_t N, int64_t K, uint8_t *out
     return atomic_load(&j.rc);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/* The two builds with an integer step in ggml_blocks.c (its quantize_x): AVX512-VNNI, and AVX2 without AVX512. */
+#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)) || \
+    (!defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define HAVE_X16 1
 int ggml_x16_supported(void) { return 1; }
 
 void ggml_quantize_x(const float *x, int nb, int8_t *q, float *dx, int32_t *sq);  /* ggml_blocks.c's, as dot4_i8 */
@@ -113,6 +116,7 @@ typedef struct {
     float *out;
 } x16_job;
 
+#if defined(__AVX512F__)
 /* Rows of groups [g0, g1). The two sums of a block are reset at each block, so the core overlaps blocks. */
 static void x16_groups(void *ctx, int64_t g0, int64_t g1) {
     const x16_job *j = ctx;
@@ -123,11 +127,7 @@ static void x16_groups(void *ctx, int64_t g0, int64_t g1) {
         __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = w + b * GROUP_BYTES;
-            _mm_prefetch((const char *)blk + 4 * GROUP_BYTES, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + 4 * GROUP_BYTES + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + 4 * GROUP_BYTES + 128, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + 4 * GROUP_BYTES + 192, _MM_HINT_T0);
-            _mm_prefetch((const char *)blk + 4 * GROUP_BYTES + 256, _MM_HINT_T0);
+            for (int c = 0; c < 5; c++) _mm_prefetch((const char *)blk + 4 * GROUP_BYTES + 64 * c, _MM_HINT_T0);
             const int8_t *xb = j->xq + 32 * b;
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
             for (int i = 0; i < 4; i++) {
@@ -147,6 +147,46 @@ static void x16_groups(void *ctx, int64_t g0, int64_t g1) {
         _mm512_storeu_ps(j->out + 16 * g, _mm512_add_ps(acc, accm));
     }
 }
+#else
+/* The same on AVX2, each 64-byte part as two halves of 8 rows: vpmaddubsw (unsigned nibble x signed x byte,
+ * pairs added into int16: at most 2 x 15 x 128, no saturation) then vpmaddwd by ones (int32 lanes of 4 k's)
+ * stand in for vpdpbusd. */
+static void x16_groups(void *ctx, int64_t g0, int64_t g1) {
+    const x16_job *j = ctx;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int64_t nb = j->nb;
+    for (int64_t g = g0; g < g1; g++) {
+        const uint8_t *w = j->w + g * nb * GROUP_BYTES;
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accm[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + b * GROUP_BYTES;
+            for (int c = 0; c < 5; c++) _mm_prefetch((const char *)blk + 4 * GROUP_BYTES + 64 * c, _MM_HINT_T0);
+            const int8_t *xb = j->xq + 32 * b;
+            __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int i = 0; i < 4; i++) {
+                int32_t lo4, hi4;
+                memcpy(&lo4, xb + 4 * i, 4);
+                memcpy(&hi4, xb + 16 + 4 * i, 4);
+                const __m256i xl = _mm256_set1_epi32(lo4), xh = _mm256_set1_epi32(hi4);
+                for (int h = 0; h < 2; h++) {  /* rows 0-7, 8-15 */
+                    const __m256i p = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * i + 32 * h));
+                    const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(p, low), xl);
+                    const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(p, 4), low), xh);
+                    s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(_mm256_add_epi16(lo, hi), ones));
+                }
+            }
+            const __m256 dxb = _mm256_set1_ps(j->dx[b]), sxb = _mm256_set1_ps(j->sx[b]);
+            for (int h = 0; h < 2; h++) {
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
+                acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), _mm256_mul_ps(d, dxb), acc[h]);
+                accm[h] = _mm256_fmadd_ps(m, sxb, accm[h]);
+            }
+        }
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(j->out + 16 * g + 8 * h, _mm256_add_ps(acc[h], accm[h]));
+    }
+}
+#endif
 
 /* out (N) = W x for one fp32 row x (K), W repacked by ggml_x16_pack; the groups split over `parts` pool
  * threads (4 groups = 64 rows a part at least). Returns -1 for K beyond 65,536 (the stack buffers). */
