@@ -94,3 +94,26 @@ def test_official_normalisation_and_scores():
     assert token_f1("", "x") == 0.0
     s = squad_scores([["Paris", "City of Paris"], ["1990"]], ["city of paris", "in 1991"])
     assert s["exact_match"] == pytest.approx(50.0) and s["f1"] == pytest.approx(50.0)
+
+
+def test_preset_trains_on_every_shard(tmp_path, monkeypatch):
+    """`finetune squad` is the full-SQuAD recipe: the preset reads all eight training shards, each once."""
+    from attnlab.tasks.splits import read_splits
+    squad = tmp_path / "squad"
+    squad.mkdir()
+    names = ["train.json"] + [f"train_{i:02d}.json" for i in range(2, 9)]
+    for k, name in enumerate(names):
+        qas = [{"id": f"{name}-{j}", "question": "Where?", "answers": [{"text": "Paris", "answer_start": 26}]}
+               for j in range(10)]
+        _squad(tmp_path, qas).rename(squad / name)
+    monkeypatch.setenv("ATTNLAB_DATA", str(tmp_path))
+    path, train, valid, _, _ = read_splits(get_task("squad"), carve=True)
+    assert path.split(",") == [str(squad / n) for n in names]
+    ids = [ex["id"] for ex in train + valid]
+    assert len(ids) == len(set(ids)) == 80 and {i.split("-")[0] for i in ids} == set(names)
+
+
+def test_real_shards_hold_the_whole_training_set(data_dir):
+    from attnlab.tasks.splits import read_many, resolve_files
+    train, _ = resolve_files(get_task("squad"), carve=True)
+    assert len(read_many(get_task("squad"), train)) == 85_646

@@ -98,7 +98,7 @@ def resolve_files(task: Task, train_file=None, valid_file=None, carve: bool = Fa
     if not train_file and (task.train_file is None or root is None):
         raise DataError(f"{task.name}: no training file: pass --train FILE"
                         + (" (or set ATTNLAB_DATA)" if task.train_file else ""))
-    train = str(train_file) if train_file else str(root / task.train_file)
+    train = str(train_file) if train_file else ",".join(str(root / part) for part in task.train_file.split(","))
     if valid_file:
         return train, str(valid_file)
     if train_file is None and task.valid_file and not carve:
