@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..gguf_file import _reader
+from ..gguf_file import GGML_TYPES, _reader
 from ..gguf_meta import check_shapes_before_allocating, gguf_config, unpermute_rope
 from ..nn import kernel_build
 
@@ -62,8 +62,10 @@ def threads() -> int:
 
 def _pack_x16(w: np.ndarray, kind: int) -> np.ndarray | None:
     """Matrix `w` ((N, row bytes) of GGUF blocks) repacked by ggml_x16_pack, or None where it does not fit."""
-    bs = {2: 18, 3: 20}.get(kind)
-    if bs is None or w.ndim != 2 or w.shape[1] % bs or w.shape[0] % 16 or w.shape[1] // bs * 32 > 65536:
+    if kind not in (2, 3):  # Q4_0, Q4_1: what ggml_x16_pack takes
+        return None
+    bs = GGML_TYPES[kind][2]
+    if w.ndim != 2 or w.shape[1] % bs or w.shape[0] % 16 or w.shape[1] // bs * 32 > 65536:
         return None
     n, k = w.shape[0], w.shape[1] // bs * 32
     out = np.empty(n * k // 32 * 20, np.uint8)
