@@ -305,50 +305,40 @@ def llama_bench() -> str | None:
     return str(built)
 
 
-def _fp32_ceiling() -> float:
-    """The faster of torch.mm and oneDNN's packed linear (what attnlab's encoder runs) on 2048^3, GFLOP/s."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    runs = [lambda: torch.mm(a, b)]
-    if torch.backends.mkldnn.is_available():
-        with torch.inference_mode():
-            packed = torch.ops.mkldnn._reorder_linear_weight(b, None)
-        runs.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
-    best = float("inf")
+def _fastest_linear(rows: int, k: int, n: int, repeats: int = 3) -> float:
+    """Seconds of the faster of torch.mm and oneDNN's packed linear (what attnlab's encoder runs) for one
+    (rows x k) @ (k x n) product, best of `repeats`."""
+    a, w = torch.randn(rows, k), torch.randn(n, k)
+    runs = [lambda: torch.mm(a, w.t())]
     with torch.inference_mode():
-        for run in runs:
-            run()
-            for _ in range(5):
-                start = time.perf_counter()
-                run()
-                best = min(best, time.perf_counter() - start)
-    return 2 * 2048 ** 3 / best / 1e9
-
-
-def _fp32_shape_ceiling(bs) -> float:
-    """Seconds for the linear layers alone of one pass over `bs` (the rows each batch really holds, padding
-    left out), every product at its own shape on the faster of torch.mm and oneDNN's packed linear: a bound
-    that 2048^3 overstates, since products of a few hundred rows by 384 run below the large-GEMM rate."""
-    def timed(rows: int, k: int, n: int) -> float:
-        a, w = torch.randn(rows, k), torch.randn(n, k)
-        runs = [lambda: torch.mm(a, w.t())]
         if torch.backends.mkldnn.is_available():
             packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
             runs.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
         best = float("inf")
         for run in runs:
             run()
-            for _ in range(3):
+            for _ in range(repeats):
                 start = time.perf_counter()
                 run()
                 best = min(best, time.perf_counter() - start)
-        return best
+    return best
 
+
+def _fp32_ceiling() -> float:
+    """GFLOP/s of 2048^3 (`_fastest_linear`)."""
+    return 2 * 2048 ** 3 / _fastest_linear(2048, 2048, 2048, repeats=5) / 1e9
+
+
+def _fp32_shape_ceiling(bs) -> float:
+    """Seconds for the linear layers alone of one pass over `bs` (the rows each batch really holds, padding
+    left out), every product at its own shape (`_fastest_linear`): a bound that 2048^3 overstates, since
+    products of a few hundred rows by 384 may run below the large-GEMM rate."""
     total = 0.0
-    with torch.inference_mode():
-        for ids, mask in bs:
-            rows = int(mask.sum())
-            qkv = min(3 * timed(rows, 384, 384), timed(rows, 384, 1152))  # three products or one stacked
-            total += 6 * (qkv + timed(rows, 384, 384) + timed(rows, 384, 1536) + timed(rows, 1536, 384))
+    for ids, mask in bs:
+        rows = int(mask.sum())
+        qkv = min(3 * _fastest_linear(rows, 384, 384), _fastest_linear(rows, 384, 1152))  # three or one stacked
+        total += 6 * (qkv + _fastest_linear(rows, 384, 384) + _fastest_linear(rows, 384, 1536)
+                      + _fastest_linear(rows, 1536, 384))
     return total
 
 
