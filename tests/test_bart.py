@@ -139,15 +139,15 @@ def test_bart_vocab_files_load_with_fairseq_specials(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- the noising functions
-import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from attnlab.data.root import data_root  # noqa: E402
 from attnlab.objectives import denoise as dn  # noqa: E402
 
-WIKITEXT = Path(os.environ.get("ATTNLAB_DATA", "/work/shared/data")) / "wikitext-2" / "valid.txt"
-GPT2 = Path(os.environ.get("ATTNLAB_DATA", "/work/shared/data")) / "vocab" / "gpt2"
+WIKITEXT = (data_root() or Path("ATTNLAB_DATA unset")) / "wikitext-2" / "valid.txt"
+GPT2 = (data_root() or Path("ATTNLAB_DATA unset")) / "vocab" / "gpt2"
 
 
 @pytest.fixture(scope="module")

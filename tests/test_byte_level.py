@@ -10,14 +10,16 @@ import torch
 
 import attnlab
 from attnlab.config import preset
+from attnlab.data.root import data_root
 from attnlab.nn.feedforward import FeedForward
 from attnlab.tokenizers import build_byte_tokenizer
 
 transformers = pytest.importorskip("transformers")
+
+
 def _sentences() -> list[str]:
-    import os
     from pathlib import Path
-    root = Path(os.environ.get("ATTNLAB_DATA", "/work/shared/data")) / "glue" / "SST-2"
+    root = (data_root() or Path("ATTNLAB_DATA unset")) / "glue" / "SST-2"
     if not (root / "train.tsv").exists():
         pytest.skip(f"SST-2 is not under {root}")
     out = []

@@ -263,7 +263,7 @@ def test_task_distillation_and_from_scratch_baseline(data_dir, tmp_path, capsys)
 
 def test_finetune_refuses_a_training_file_too_small_to_hold_out_from(data_dir, tmp_path, capsys):
     from attnlab.cli import main
-    # since the 10% validation cap (issue #21) only a one-example file is too small to hold anything out
+    # since the 10% validation cap only a one-example file is too small to hold anything out
     train = _sst2_head(data_dir, 1, tmp_path / "train.tsv")
     assert main(["finetune", "sst2", "--model", "minilm", "--output", str(tmp_path / "o"), "--train", str(train),
                  "--epochs", "1", "--no-progress"]) == 1

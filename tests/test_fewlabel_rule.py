@@ -1,4 +1,4 @@
-"""SetFit's contrastive stage for few labels (issue #21, attnlab/tasks/setfit.py): the pair sampler is
+"""SetFit's contrastive stage for few labels (attnlab/tasks/setfit.py): the pair sampler is
 balanced and seeded, the stage lowers the pair loss, the default rule turns it on below the threshold and
 only for single-sentence classification, `finetune --help` states the rule, and a run prints why."""
 from __future__ import annotations

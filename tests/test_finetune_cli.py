@@ -136,7 +136,7 @@ def test_finetune_from_a_pretraining_checkpoint_in_attnlabs_own_layout(data_dir,
 
 
 def test_a_small_training_file_gives_at_most_10_percent_to_validation_and_says_so(tiny, tmp_path, capsys):
-    """Issue #21: SST-2's 872-sentence hold-out took 44% of a 2,000-line file, silently."""
+    """SST-2's 872-sentence hold-out took 44% of a 2,000-line file, silently."""
     lines = [f"review {i} of the film says it is {'great' if i % 2 else 'dull'}\t{i % 2}" for i in range(200)]
     train = tmp_path / "mine.tsv"
     train.write_text("sentence\tlabel\n" + "\n".join(lines) + "\n")
@@ -267,3 +267,14 @@ def test_saying_what_the_run_does_anyway_is_no_error():
                                       "--precision", "auto", "--output", "o"])
     with pytest.raises(ValueError, match="does not read --precision"):
         _refuse_unread(args, "text-to-text")
+
+
+def test_notes_are_said_once_under_torchrun(monkeypatch, capsys):
+    """torchrun starts one process per rank, each running the same stages: only rank 0 prints the notes."""
+    from attnlab.tasks.finetune_stages import _say
+    monkeypatch.setenv("RANK", "1")
+    _say("finetune sst2: a note")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    _say("finetune sst2: a note")
+    assert capsys.readouterr().err == "finetune sst2: a note\n"

@@ -1,4 +1,4 @@
-"""`finetune --compile` (issue #28): the training step goes through torch.compile (the Trainer's
+"""`finetune --compile`: the training step goes through torch.compile (the Trainer's
 train.compile, whose compiled step is tested equal to the eager one in tests/test_compiled_training.py), and
 batches are padded to multiples of COMPILE_PAD tokens so that only a few shapes ever get compiled."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The mean-pooling sequence classifier (config.classifier_pooling = "mean", issue #21): it ignores padding,
+"""The mean-pooling sequence classifier (config.classifier_pooling = "mean"): it ignores padding,
 has no pooler, survives save/load in attnlab's own layout, is refused by the Hugging Face layout (which
 would load it as a [CLS] + pooler classifier), and `finetune --pooling mean` trains and saves one."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Self-training on spans of the labeled sentences (issue #21, attnlab/tasks/selftrain.py, finetune --self-train K):
+"""Self-training on spans of the labeled sentences(attnlab/tasks/selftrain.py, finetune --self-train K):
 the spans are seeded, distinct, contiguous and never a whole sentence; only the teacher's confident labels are
 kept; a run trains a teacher, then a fresh model on the labeled examples plus the spans, and says so; without the
 option (no default turns it on: it measured no gain) nothing of it runs."""

@@ -290,7 +290,7 @@ def test_shipped_configs_build(name, data_dir):
     assert model_cfg.causal == (obj.kind == "clm") and model_cfg.vocab_size == tok.vocab_size
     if name == "pretrain-bert-mini":
         assert (model_cfg.num_layers, model_cfg.hidden_size, obj.kind) == (4, 256, "mlm+nsp")
-    if name == "pretrain-bert-cpu":  # the transfer recipe of issue #21: PPMI init, then MLM only, 30% masking,
+    if name == "pretrain-bert-cpu":  # the transfer recipe: PPMI init, then MLM only, 30% masking,
         # 64 tokens, pre-LN, bf16, 56 minutes (+ the PPMI counts, ~30 s: within the hour)
         assert (model_cfg.num_layers, model_cfg.hidden_size, model_cfg.norm_placement, obj.kind,
                 cfg.objective.mask_prob, cfg.data.seq_len, cfg.model["embedding_init"], cfg.train.precision,

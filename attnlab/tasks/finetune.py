@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -33,7 +32,7 @@ from .defaults import (COMPILE_PAD, DEFAULT_HOLDOUT, FULL_TEACHER_EMA, FULL_TEAC
 from .finetune_eval import (evaluate, evaluate_examples, head_class, load_for_eval, load_for_task,  # noqa: F401
                             predict)
 from .finetune_options import FinetuneOptions
-from .finetune_stages import distillation_student, setfit_stage, summarize
+from .finetune_stages import _say, distillation_student, setfit_stage, summarize
 from .finetune_teachers import full_file, full_file_teacher, self_training_spans
 from .splits import read_many, read_splits, report_file
 
@@ -48,10 +47,6 @@ _load_for_eval = load_for_eval  # the name scripts patch
 def _seed_all(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # stderr, so that stdout stays the JSON summary
 
 
 def finetune(task: str | Task, model: str | Path, output: str | Path, options: FinetuneOptions | None = None,

@@ -2,6 +2,7 @@
 distillation's student, the SetFit stage, and the summary a run writes to metrics.json."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -9,7 +10,10 @@ from .finetune_options import FinetuneOptions
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # stderr, so that stdout stays the JSON summary
+    """A note for the user on stderr (stdout stays the JSON summary), said once: under torchrun only rank 0
+    speaks (RANK is set before the process group exists, and the ranks run the same stages)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)
 
 
 def distillation_student(teacher, options: FinetuneOptions, name: str):
