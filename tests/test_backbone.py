@@ -193,3 +193,20 @@ def test_unpadded_prefill_into_a_kv_cache_equals_padded(kw):
     assert (outs[0][0] - outs[1][0])[real].abs().max() <= 1e-5
     assert (outs[1][0][~real] == 0).all()  # the unpadded path really ran
     assert (outs[0][1] - outs[1][1]).abs().max() <= 1e-5
+
+
+def test_bf16_training_on_a_cpu_runs_padded():
+    """Under CPU bf16 autocast with gradients the default keeps the padded layout (an unpadded batch gives each
+    product a new row count, and oneDNN keeps resources per shape); inference and fp32 training unpad."""
+    torch.manual_seed(0)
+    model = Encoder(tiny()).train()
+    model.config.hidden_dropout = model.config.attention_dropout = 0.0
+    ids = torch.randint(1, 97, (4, 10))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0        # 12.5% padding: unpadded by default
+    unpadded = lambda out: bool((out[~mask.bool()] == 0).all())  # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not unpadded(model(input_ids=ids, attention_mask=mask).last_hidden_state)
+        with torch.no_grad():
+            assert unpadded(model(input_ids=ids, attention_mask=mask).last_hidden_state)
+    assert unpadded(model(input_ids=ids, attention_mask=mask).last_hidden_state)

@@ -34,6 +34,14 @@ class Pooler(nn.Module):
         return self.act(self.dense(self.dropout(hidden[:, 0])))
 
 
+def _cpu_autocast_training(device: torch.device) -> bool:
+    """bf16 autocast with gradients on a CPU. There an unpadded batch gives every product a new row count (the
+    batch's real tokens), and oneDNN keeps resources for each new shape: MiniLM fine-tuning on SQuAD's batches
+    (32 x 256) grew by ~8 MB a step (12 GB a process after 2,300 steps) unpadded, and stayed flat padded, where
+    the shapes repeat. fp32 products (MKL) keep nothing per shape, and inference keeps unpadding."""
+    return device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
+
+
 class Encoder(Model):
     hf_architecture = "BertModel"
     unpad = True  # run padded batches unpadded (same numbers, less work); set False to compare
@@ -161,6 +169,7 @@ class Encoder(Model):
         # cache receives keys/values in the padded layout, zeros at padding, which the mask hides later.
         if unpad is None:
             unpad = (self.unpad and attention_mask is not None and offset == 0
+                     and not _cpu_autocast_training(device)
                      and 1 - attention_mask.float().mean().item() >= self.unpad_min_padding)
         if unpad and attention_mask is not None and offset == 0 and not bool(attention_mask.all()):
             varlen = Varlen.from_mask(attention_mask)
