@@ -200,7 +200,6 @@ def test_bf16_training_on_a_cpu_runs_padded():
     product a new row count, and oneDNN keeps resources per shape); inference and fp32 training unpad."""
     torch.manual_seed(0)
     model = Encoder(tiny()).train()
-    model.config.hidden_dropout = model.config.attention_dropout = 0.0
     ids = torch.randint(1, 97, (4, 10))
     mask = torch.ones_like(ids)
     mask[0, 5:] = 0        # 12.5% padding: unpadded by default
