@@ -3,6 +3,8 @@ train.compile, whose compiled step is tested equal to the eager one in tests/tes
 batches are padded to multiples of COMPILE_PAD tokens so that only a few shapes ever get compiled."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -57,8 +59,17 @@ def test_finetune_compile_compiles_the_step_once_and_feeds_it_padded_batches(tin
 
 
 def test_finetune_precision_bf16_runs_the_steps_under_autocast(tiny, data_dir, tmp_path, monkeypatch):
-    seen = []
+    seen, widths = [], []
     real = torch.autocast
+    import attnlab.tasks.finetune  # noqa: F401  (the package exports the function under the module's name)
+    finetune_module = sys.modules["attnlab.tasks.finetune"]
+    real_collate = finetune_module.collate
+
+    def collate_spy(*args, **kwargs):  # the training batches' widths
+        batch = real_collate(*args, **kwargs)
+        widths.append(batch["input_ids"].shape[1])
+        return batch
+    monkeypatch.setattr(finetune_module, "collate", collate_spy)
 
     def spy(*args, **kwargs):  # the Trainer's autocast context: record what it asked for
         seen.append(kwargs.get("dtype"))
@@ -73,6 +84,13 @@ def test_finetune_precision_bf16_runs_the_steps_under_autocast(tiny, data_dir, t
     import json
     summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert summary["precision"] == "bf16" and torch.bfloat16 in seen
+    # on a CPU the batches stay padded in bf16 (models/encoder.py), to a few widths: oneDNN and the heap
+    # otherwise meet a new size for every batch length
+    assert widths and all(w % COMPILE_PAD == 0 for w in widths) == (not torch.cuda.is_available()), widths
+    widths.clear()
+    assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(train), "--output", str(tmp_path / "o32"),
+                 "--epochs", "1", "--no-progress"]) == 0
+    assert any(w % COMPILE_PAD for w in widths), widths  # fp32: each batch as long as its longest input
     weights = attnlab.load(tmp_path / "out").state_dict()
     assert all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point())  # saved in fp32
     with pytest.raises(SystemExit):  # argparse names the choices

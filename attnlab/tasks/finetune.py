@@ -69,6 +69,12 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, options: F
     return FinetuneRun(task, model, output, options).run()
 
 
+
+def _cpu_bf16(precision: str) -> bool:
+    """Whether the Trainer will run these steps in bf16 on a CPU (it takes CUDA when there is one)."""
+    from ..nn.precision import resolve_precision
+    return not torch.cuda.is_available() and resolve_precision(precision or "fp32", "cpu") == "bf16"
+
 class FinetuneRun:
     """One fine-tuning run: `run()` calls the stages in order; each stage may also be called on its own once the
     ones before it ran (a test, or a script that stops after `split` to look at the data)."""
@@ -347,9 +353,13 @@ class FinetuneRun:
         # that does not divide evenly weighs each process's mean equally, a batch smaller than the number of
         # processes gives the short ones its last example again
         rank, batch_size, seed = self.rank, self.batch_size, o.seed
+        # a compiled step, and CPU bf16 training, see batches padded to a multiple of COMPILE_PAD tokens, so a few
+        # shapes. The compiler compiles each shape; CPU bf16 keeps batches padded (models/encoder.py), and a width
+        # per batch length kept giving oneDNN and the heap (nn/precision.tune_malloc) new sizes: fine-tuning on
+        # SQuAD grew a process by ~1 GB every 100 steps (8.8 GB at step 550); at multiples of 32, flat (~3.7 GB)
+        multiple = COMPILE_PAD if o.compile or _cpu_bf16(self.precision) else 1
         data = EpochBatches(lambda epoch: length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch),
-                            lambda idx: collate([feats[i] for i in (idx[rank::world] or idx[-1:])], pad_id,
-                                                COMPILE_PAD if o.compile else 1))
+                            lambda idx: collate([feats[i] for i in (idx[rank::world] or idx[-1:])], pad_id, multiple))
         steps_per_epoch = len(data)
         self.total = total = max(1, math.ceil(steps_per_epoch * self.epochs)) if self.epochs else 0
         pooled = type(net).__name__ == "SequenceClassification"
