@@ -106,6 +106,27 @@ def test_the_all_pairs_stage_lowers_the_pair_loss():
     assert pair_loss(net, held, held_pairs, pad_id=0) < 0.7 * before
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_contrastive_stage_runs_in_the_precision_asked_and_keeps_fp32_weights(precision):
+    """`finetune --precision bf16` reaches the SetFit stage: its forward passes run under bf16 autocast (the
+    linear layers' outputs are bf16), the weights stay fp32, and the pair loss still falls."""
+    torch.manual_seed(0)
+    net = SequenceClassification(ModelConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
+                                             intermediate_size=64, max_position_embeddings=32,
+                                             classifier_pooling="mean", extra={"num_labels": 2}))
+    seen = set()
+    linear = next(m for m in net.backbone.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(lambda mod, args, out: seen.add(out.dtype))
+    train, held = _features(40, seed=0), _features(40, seed=1)
+    held_pairs = sample_pairs([f["labels"] for f in held], 200, seed=9)
+    before = pair_loss(net, held, held_pairs, pad_id=0)
+    seen.clear()
+    contrastive_stage(net, train, pad_id=0, steps=40, lr=1e-3, seed=0, precision=precision)
+    assert seen == {torch.bfloat16 if precision == "bf16" else torch.float32}, seen
+    assert all(p.dtype == torch.float32 for p in net.parameters())
+    assert pair_loss(net, held, held_pairs, pad_id=0) < 0.7 * before
+
+
 def test_the_rule_turns_on_below_its_threshold_only_where_it_applies():
     assert SETFIT_BELOW == 500 and SETFIT_STEPS == 600
     assert default_setfit_steps(499, True)[0] == SETFIT_STEPS

@@ -329,7 +329,7 @@ class FinetuneRun:
             net.backbone.embeddings.tok.weight.requires_grad_(False)
         if self.setfit_steps and not (o.resume and list_checkpoints(self.output)):  # a resumed run's checkpoint
             setfit_stage(task.name, net, feats, self.tokenizer.pad_token_id, self.setfit_steps,  # holds its result
-                         self.setfit_pairs, self.setfit_why, o.seed)
+                         self.setfit_pairs, self.setfit_why, o.seed, self.precision)
         # the default is BERT's fresh head: the probe start measured no better (research/fewlabel/RESULTS.md)
         self.head_init = self.head_init or "random"
         if self.head_init == "probe":

@@ -41,11 +41,11 @@ def distillation_student(teacher, options: FinetuneOptions, name: str):
 
 
 def setfit_stage(name: str, net, feats: list[dict], pad_id: int, steps: int, pairing: str, why: str,
-                 seed: int) -> None:
+                 seed: int, precision: str = "fp32") -> None:
     """SetFit's contrastive stage on `net`'s encoder (tasks/setfit.py, Tunstall et al. 2022), and its report."""
     from .setfit import SETFIT_BATCH, SETFIT_LR, contrastive_stage
     t0 = time.time()
-    losses = contrastive_stage(net, feats, pad_id, steps, seed=seed, pairing=pairing)
+    losses = contrastive_stage(net, feats, pad_id, steps, seed=seed, pairing=pairing, precision=precision)
     k = max(1, len(losses) // 10)
     pairs = (f"{steps * SETFIT_BATCH:,} pairs" if pairing == "sampled" else
              f"every pair in batches of {SETFIT_BATCH} sentences, {steps * SETFIT_BATCH * (SETFIT_BATCH - 1) // 2:,} pairs")

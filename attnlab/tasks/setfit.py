@@ -119,11 +119,16 @@ def _all_pair_loss(backbone, features: Sequence[dict], batch: Sequence[int], pad
 
 def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *, lr: float = SETFIT_LR,
                       batch_size: int = SETFIT_BATCH, warmup_ratio: float = 0.1, weight_decay: float = 0.01,
-                      seed: int = 0, pairing: str = "sampled") -> list[float]:
+                      seed: int = 0, pairing: str = "sampled", precision: str = "fp32") -> list[float]:
     """Train `net.backbone` in place for `steps` AdamW steps on `steps * batch_size` pairs of `features`
     (each with an int `labels`), or with pairing="all" on every pair within `steps` batches of
     `batch_size` sentences; parameters with requires_grad off (e.g. frozen word embeddings) stay as
-    they are. Linear warmup and decay, gradients clipped to norm 1. Returns the loss of each step."""
+    they are. Linear warmup and decay, gradients clipped to norm 1. `precision` as the Trainer's
+    ("fp32", "bf16": forward passes under bf16 autocast, weights kept in fp32; "auto"). Returns the loss
+    of each step."""
+    import contextlib
+
+    from ..nn.precision import resolve_precision
     from ..training.optim import build_optimizer
     if pairing not in PAIRINGS:
         raise ValueError(f"SetFit pairing={pairing!r}: choose one of {', '.join(PAIRINGS)}")
@@ -133,6 +138,9 @@ def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *,
     pairs = sample_pairs(labels, steps * batch_size, seed) if pairing == "sampled" else None
     groups = all_pair_batches(len(features), steps, batch_size, seed) if pairing == "all" else None
     backbone = net.backbone
+    device = next(backbone.parameters()).device
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
+        if resolve_precision(precision, device.type) == "bf16" else contextlib.nullcontext
     optimizer, scheduler = build_optimizer(backbone, lr=lr, weight_decay=weight_decay,
                                            warmup_steps=int(steps * warmup_ratio), max_steps=steps)
     trainable = [p for p in backbone.parameters() if p.requires_grad]
@@ -141,12 +149,13 @@ def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *,
     torch.manual_seed(seed)  # dropout masks
     losses = []
     for step in range(steps):
-        if groups is not None:
-            loss = _all_pair_loss(backbone, features, groups[step], pad_id)
-        else:
-            chunk = pairs[step * batch_size:(step + 1) * batch_size]
-            cos = _pair_cosines(backbone, features, chunk, pad_id)
-            loss = F.mse_loss(cos, _targets(chunk, cos.device))
+        with autocast():
+            if groups is not None:
+                loss = _all_pair_loss(backbone, features, groups[step], pad_id)
+            else:
+                chunk = pairs[step * batch_size:(step + 1) * batch_size]
+                cos = _pair_cosines(backbone, features, chunk, pad_id)
+                loss = F.mse_loss(cos, _targets(chunk, cos.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
