@@ -69,11 +69,11 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, options: F
     return FinetuneRun(task, model, output, options).run()
 
 
-
 def _cpu_bf16(precision: str) -> bool:
     """Whether the Trainer will run these steps in bf16 on a CPU (it takes CUDA when there is one)."""
     from ..nn.precision import resolve_precision
     return not torch.cuda.is_available() and resolve_precision(precision or "fp32", "cpu") == "bf16"
+
 
 class FinetuneRun:
     """One fine-tuning run: `run()` calls the stages in order; each stage may also be called on its own once the
