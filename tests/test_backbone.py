@@ -209,3 +209,51 @@ def test_bf16_training_on_a_cpu_runs_padded():
         with torch.no_grad():
             assert unpadded(model(input_ids=ids, attention_mask=mask).last_hidden_state)
     assert unpadded(model(input_ids=ids, attention_mask=mask).last_hidden_state)
+
+
+def test_varlen_rounds_rows_with_padding_positions_that_pad_drops():
+    from attnlab.nn.varlen import Varlen, rounded_rows
+    assert [rounded_rows(n, 16) for n in (1, 15, 17, 1000, 1024, 1025, 5000)] == [1, 15, 17, 1024, 1024, 1088, 5120]
+    assert rounded_rows(1000, 0) == 1000 and rounded_rows(5, 1) == 8
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]])  # 6 real of 12
+    v = Varlen.from_mask(mask, sizes_per_octave=2)                    # 6 is a size (a multiple of 2): kept
+    assert v.num_tokens == 6 == v.real
+    v = Varlen.from_mask(mask, sizes_per_octave=1)                    # 6 -> 8
+    assert v.num_tokens == 8 and v.real == 6
+    assert v.indices[:6].tolist() == [0, 1, 2, 4, 8, 9]
+    assert not mask.flatten()[v.indices[6:]].any()  # the two added rows are padding positions
+    x = torch.arange(8.0).unsqueeze(-1)
+    assert v.pad(x).flatten().tolist() == [0, 1, 2, 0, 3, 0, 0, 0, 4, 5, 0, 0]
+    assert Varlen.from_mask(mask[:2], sizes_per_octave=1).num_tokens == 4  # 4 real: a size already
+    five = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    assert Varlen.from_mask(five, sizes_per_octave=1).num_tokens == 6  # 5 -> 8, but never past the batch
+    assert Varlen.from_mask(mask).num_tokens == 6
+
+
+@pytest.mark.parametrize("sizes", [0, 2])
+def test_training_with_rounded_unpadded_rows_equals_padded(sizes, monkeypatch):
+    """Training rounds the unpadded row count up (Encoder.unpad_sizes_per_octave): the loss and every gradient
+    equal the padded layout's; the layers see the rounded count in training and the exact count under no_grad."""
+    torch.manual_seed(0)
+    model = Encoder(tiny()).train()
+    monkeypatch.setattr(model, "unpad_sizes_per_octave", sizes)
+    ids = torch.randint(1, 97, (4, 10))
+    mask = torch.ones_like(ids)
+    mask[0, 5:], mask[2, 3:] = 0, 0          # 28 real tokens: 32 with two sizes per octave (16, 24, 32, 48...)
+    rows = []
+    count = lambda m, a: rows.append(a[0].reshape(-1, a[0].size(-1)).size(0))  # noqa: E731
+    hook = model.layers[0].ffn.register_forward_pre_hook(count)
+    grads = []
+    for unpad in (False, True):
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=mask, unpad=unpad).last_hidden_state
+        (out[mask.bool()] ** 2).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert rows[1] == (28 if sizes == 0 else 32)
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        assert (g - grads[1][name]).abs().max() <= 1e-5, name
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, unpad=True)
+    hook.remove()
+    assert rows[2] == 28

@@ -278,3 +278,28 @@ def test_notes_are_said_once_under_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "0")
     _say("finetune sst2: a note")
     assert capsys.readouterr().err == "finetune sst2: a note\n"
+
+
+def test_the_summary_is_printed_once_under_torchrun(monkeypatch, capsys):
+    """Every torchrun process runs the recipe; only rank 0 (which alone scores the report set) prints the JSON."""
+    from attnlab.cli.finetune import _print_summary
+    monkeypatch.setenv("RANK", "1")
+    _print_summary({"task": "squad"})
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    _print_summary({"task": "squad"})
+    assert json.loads(capsys.readouterr().out) == {"task": "squad"}
+
+
+def test_only_rank_0_writes_the_summary_files(tmp_path, monkeypatch):
+    """metrics.json and options.json come from the first process, whose summary has the report-set scores; a
+    second rank finishing later must not overwrite them with its own."""
+    from attnlab.tasks.finetune import FinetuneRun
+    from attnlab.tasks.finetune_options import FinetuneOptions
+    for rank in (1, 0):
+        run = object.__new__(FinetuneRun)
+        run.rank, run.output, run.options = rank, tmp_path, FinetuneOptions()
+        monkeypatch.setattr(run, "summary", lambda r=rank: {"rank": r})
+        assert run.save() == {"rank": rank}
+        assert (tmp_path / "metrics.json").exists() == (rank == 0)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"rank": 0}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 NAME = "finetune"
 HELP = "fine-tune an encoder on a task; writes the model and metrics.json"
@@ -189,8 +190,15 @@ def run(args: argparse.Namespace) -> int:
         return _text_to_text(args)
     from ..tasks.finetune import finetune
     summary = finetune(task_of(args), args.model, args.output, options_of(args))
-    print(json.dumps(summary))
+    _print_summary(summary)
     return 0
+
+
+def _print_summary(summary: dict) -> None:
+    """The JSON summary on stdout, once: under torchrun every process runs the recipe, and only the first
+    (RANK 0) has the report-set scores."""
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps(summary))
 
 
 # The flags are named as FinetuneOptions' fields, but for these (and --train-embeddings, --lora: see options_of)
@@ -218,7 +226,7 @@ def _text_to_text(args: argparse.Namespace) -> int:
         max_length=args.max_length or 128, max_minutes=args.max_minutes, max_train_samples=args.max_train_samples,
         max_eval_samples=args.max_eval_samples, seed=args.seed, vocab_size=args.vocab_size,
         eval_every=args.eval_every, patience=args.patience, progress=args.progress)
-    print(json.dumps(summary))
+    _print_summary(summary)
     return 0
 
 
@@ -248,7 +256,7 @@ def _translation(args: argparse.Namespace) -> int:
                                    eval_every=args.eval_every, eval_beams=args.eval_beams, seed=args.seed,
                                    max_eval_sentences=args.max_eval_samples, progress=args.progress,
                                    save_every=args.save_every, resume=args.resume, directions=args.directions)
-    print(json.dumps(summary))
+    _print_summary(summary)
     return 0
 
 

@@ -49,6 +49,12 @@ class Encoder(Model):
     # the padded layout costs more than the padding's linear work saves (measured on length-sorted
     # batches of real sentences: 10% faster than unpadding every batch; benchmarks/encoder_inference.py)
     unpad_min_padding = 0.1
+    # Training rounds the unpadded row count up to one of this many sizes per octave (padding rows, computed
+    # and dropped; at most 1/16 more work): a new row count every batch gives glibc's heap (kept large by
+    # nn/precision.tune_malloc) blocks of a new size every step. fp32 fine-tuning on SQuAD's windows, one
+    # process: 7.0 GB at step 150 with each batch's own width and count, 5.1-5.8 GB with widths at multiples
+    # of 32 (tasks/finetune.py), 4.4-4.8 GB with the row count rounded too. Inference keeps the exact count.
+    unpad_sizes_per_octave = 16
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -172,7 +178,7 @@ class Encoder(Model):
                      and not _cpu_autocast_training(device)
                      and 1 - attention_mask.float().mean().item() >= self.unpad_min_padding)
         if unpad and attention_mask is not None and offset == 0 and not bool(attention_mask.all()):
-            varlen = Varlen.from_mask(attention_mask)
+            varlen = Varlen.from_mask(attention_mask, self.unpad_sizes_per_octave if torch.is_grad_enabled() else 0)
             gather = lambda t_: varlen.unpad(t_) if t_ is not None else None  # noqa: E731
             x = self.embeddings(gather(input_ids), gather(token_type_ids), gather(position_ids), gather(inputs_embeds),
                                 gather(langs))

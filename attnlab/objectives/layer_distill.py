@@ -143,13 +143,15 @@ def capture_values(model: nn.Module):
 
 
 def padded_values(values: list[torch.Tensor], mask: torch.Tensor | None) -> list[torch.Tensor]:
-    """Values in the (B, T, d) layout: an unpadded batch (attnlab.nn.varlen) gives (N, d) real tokens only,
-    in row-major order of the mask; padding becomes zeros (the relation masks those keys anyway)."""
+    """Values in the (B, T, d) layout: an unpadded batch (attnlab.nn.varlen) gives (N, d) rows, the real
+    tokens first in row-major order of the mask (then any rounding rows, dropped); padding becomes zeros (the
+    relation masks those keys anyway)."""
     out = []
     for v in values:
         if v.dim() == 2:
             full = v.new_zeros(*mask.shape, v.size(-1))
-            full[mask.bool()] = v
+            keep = mask.bool()
+            full[keep] = v[:int(keep.sum())]
             v = full
         out.append(v)
     return out

@@ -69,12 +69,6 @@ def finetune(task: str | Task, model: str | Path, output: str | Path, options: F
     return FinetuneRun(task, model, output, options).run()
 
 
-def _cpu_bf16(precision: str) -> bool:
-    """Whether the Trainer will run these steps in bf16 on a CPU (it takes CUDA when there is one)."""
-    from ..nn.precision import resolve_precision
-    return not torch.cuda.is_available() and resolve_precision(precision or "fp32", "cpu") == "bf16"
-
-
 class FinetuneRun:
     """One fine-tuning run: `run()` calls the stages in order; each stage may also be called on its own once the
     ones before it ran (a test, or a script that stops after `split` to look at the data)."""
@@ -353,11 +347,12 @@ class FinetuneRun:
         # that does not divide evenly weighs each process's mean equally, a batch smaller than the number of
         # processes gives the short ones its last example again
         rank, batch_size, seed = self.rank, self.batch_size, o.seed
-        # a compiled step, and CPU bf16 training, see batches padded to a multiple of COMPILE_PAD tokens, so a few
-        # shapes. The compiler compiles each shape; CPU bf16 keeps batches padded (models/encoder.py), and a width
-        # per batch length kept giving oneDNN and the heap (nn/precision.tune_malloc) new sizes: fine-tuning on
-        # SQuAD grew a process by ~1 GB every 100 steps (8.8 GB at step 550); at multiples of 32, flat (~3.7 GB)
-        multiple = COMPILE_PAD if o.compile or _cpu_bf16(self.precision) else 1
+        # a compiled step, and any training on a CPU, see batches padded to a multiple of COMPILE_PAD tokens, so a
+        # few shapes. The compiler compiles each shape; on a CPU a width per batch length kept giving oneDNN and
+        # the heap (nn/precision.tune_malloc) new sizes: bf16 fine-tuning on SQuAD (padded layout, models/encoder.py)
+        # grew a process by ~1 GB every 100 steps (8.8 GB at step 550), at multiples of 32 flat (~3.7 GB); fp32
+        # (unpadded) grew from 4.0 to 7.0 GB in 150 steps, 4.4-4.8 GB with the widths and row counts rounded
+        multiple = COMPILE_PAD if o.compile or not torch.cuda.is_available() else 1  # (the Trainer takes CUDA if any)
         data = EpochBatches(lambda epoch: length_batches(lengths, batch_size, shuffle=True, seed=seed + epoch),
                             lambda idx: collate([feats[i] for i in (idx[rank::world] or idx[-1:])], pad_id, multiple))
         steps_per_epoch = len(data)
@@ -421,8 +416,11 @@ class FinetuneRun:
 
     # --- save: the summary (metrics.json) and the options beside the model ---
     def save(self) -> dict:
+        """Under torchrun only the first process writes (the others have no test scores to add)."""
         from ..interop.files import atomic_write
         summary = self.summary()
+        if self.rank != 0:
+            return summary
         atomic_write(self.output / "options.json", lambda tmp: Path(tmp).write_text(
             json.dumps(self.options.to_dict(), indent=2, default=str) + "\n"))
         atomic_write(self.output / "metrics.json",
