@@ -79,6 +79,17 @@ def resolve_precision(precision: str, device: str = "cpu") -> str:
     return "bf16" if cpu_flags() & set(NATIVE_BF16) else "fp32"
 
 
+def autocast(precision: str, device_type: str = "cpu"):
+    """The context training steps run their forward passes in: bf16 autocast (weights stay fp32) where
+    `precision` resolves to bf16 on `device_type`, else nothing."""
+    import contextlib
+
+    import torch
+    if resolve_precision(precision, device_type) == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 _MALLOC_TUNED: bool | None = None
 
 

@@ -126,9 +126,7 @@ def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *,
     they are. Linear warmup and decay, gradients clipped to norm 1. `precision` as the Trainer's
     ("fp32", "bf16": forward passes under bf16 autocast, weights kept in fp32; "auto"). Returns the loss
     of each step."""
-    import contextlib
-
-    from ..nn.precision import resolve_precision
+    from ..nn.precision import autocast
     from ..training.optim import build_optimizer
     if pairing not in PAIRINGS:
         raise ValueError(f"SetFit pairing={pairing!r}: choose one of {', '.join(PAIRINGS)}")
@@ -139,8 +137,6 @@ def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *,
     groups = all_pair_batches(len(features), steps, batch_size, seed) if pairing == "all" else None
     backbone = net.backbone
     device = next(backbone.parameters()).device
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) \
-        if resolve_precision(precision, device.type) == "bf16" else contextlib.nullcontext
     optimizer, scheduler = build_optimizer(backbone, lr=lr, weight_decay=weight_decay,
                                            warmup_steps=int(steps * warmup_ratio), max_steps=steps)
     trainable = [p for p in backbone.parameters() if p.requires_grad]
@@ -149,7 +145,7 @@ def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *,
     torch.manual_seed(seed)  # dropout masks
     losses = []
     for step in range(steps):
-        with autocast():
+        with autocast(precision, device.type):
             if groups is not None:
                 loss = _all_pair_loss(backbone, features, groups[step], pad_id)
             else:

@@ -130,9 +130,8 @@ class Trainer:
         return self.rank == 0
 
     def _autocast(self):
-        if self.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        from ..nn.precision import autocast
+        return autocast(self.precision, self.device.type)
 
     def _log(self, record: dict) -> None:
         if self.is_main:
