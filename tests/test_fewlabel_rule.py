@@ -13,6 +13,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.heads import SequenceClassification
+from attnlab.nn.precision import resolve_precision
 from attnlab.tasks.defaults import SETFIT_BELOW, SETFIT_STEPS, default_setfit_steps
 from attnlab.tasks.setfit import _all_pair_loss, _pair_cosines, all_pair_batches, contrastive_stage, pair_loss, sample_pairs
 
@@ -225,6 +226,8 @@ def test_few_labels_on_a_sentence_transformer_get_setfit_with_no_holdout_and_mor
     assert summary["train_examples"] == 40 and summary["valid_examples"] == 0
     assert summary["setfit_steps"] == SETFIT_STEPS and summary["setfit_pairs"] == "all" and summary["steps"] == 0
     assert summary["pooling"] == "mean" and summary["head_init"] == "probe"
+    # the SetFit stage runs in bf16 where the CPU has it natively (precision "auto"), with no flag
+    assert summary["precision"] == resolve_precision("auto", "cuda" if torch.cuda.is_available() else "cpu")
     assert "train 40 examples, validate 0" in printed.err and "(the default rule)" in printed.err
     assert not any(k.startswith("eval_") for k in summary)
     assert attnlab.load(tmp_path / "a").config.classifier_pooling == "mean"
@@ -233,6 +236,7 @@ def test_few_labels_on_a_sentence_transformer_get_setfit_with_no_holdout_and_mor
                  "--max-length", "32", "--epochs", "1", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["setfit_steps"] == 0 and summary["valid_examples"] == 4 and summary["pooling"] == "mean"
+    assert summary["precision"] == "fp32"  # plain fine-tuning keeps fp32 by default
     assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(small), "--output", str(tmp_path / "c"),
                  "--max-length", "32", "--epochs", "1", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)
