@@ -117,6 +117,8 @@ def test_two_processes_match_one_with_double_accumulation(corpus, tmp_path):
            "pretrain", "--config", str(config), *common, f"train.output_dir={tmp_path / 'ddp'}", "train.grad_accum=1"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    # both processes evaluate; the first alone prints each evaluation's line
+    assert done.stderr.count("step 3: eval_") == done.stderr.count("step 6: eval_") == 1, done.stderr[-3000:]
     from attnlab.training.pretrain import pretrain
     pretrain(load_config(config, common + [f"train.output_dir={tmp_path / 'one'}", "train.grad_accum=2",
                                            "data.slices=2"]))

@@ -427,13 +427,15 @@ class Trainer:
             t_log += time.perf_counter() - paused  # tokens_per_s counts training steps only
             if early_stop and self.step < stop:
                 self.stopped_by = "patience"
-                bar.write(f"stopped at step {self.step}: no better eval_{args.best_metric} in "
-                          f"{self.evals_since_best} evaluations (train.patience={args.patience})", file=sys.stderr)
+                if self.is_main:
+                    bar.write(f"stopped at step {self.step}: no better eval_{args.best_metric} in "
+                              f"{self.evals_since_best} evaluations (train.patience={args.patience})", file=sys.stderr)
                 break
             if out_of_time and self.step < stop:
                 self.stopped_by = "max_minutes"
-                bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached",
-                          file=sys.stderr)
+                if self.is_main:
+                    bar.write(f"stopped at step {self.step}: train.max_minutes={args.max_minutes:g} reached",
+                              file=sys.stderr)
                 if not (args.eval_every and self.step % args.eval_every == 0):
                     with self.averaged():
                         self._evaluated(self.evaluate(), bar)
@@ -474,8 +476,9 @@ class Trainer:
             else:
                 self.evals_since_best += 1
             bar.set_postfix(**{args.best_metric: f"{metrics[key]:.4f}", "best": f"{self.best[key]:.4f}"})
-        bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
-                  file=sys.stderr)  # stdout is for a command's result (finetune prints its JSON summary there)
+        if self.is_main:  # (under torchrun every process evaluates; one says so)
+            bar.write(f"step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+                      file=sys.stderr)  # stdout is for a command's result (finetune prints its JSON summary there)
         return args.patience > 0 and self.evals_since_best >= args.patience
 
 
