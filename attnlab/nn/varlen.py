@@ -68,10 +68,7 @@ class Varlen:
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B, T, ...) with zeros at padding positions (rounding rows are dropped)."""
         out = x.new_zeros(self.batch * self.seq_len, *x.shape[1:])
-        if self.real < self.indices.numel():
-            out.index_copy_(0, self.indices[:self.real], x[:self.real])
-        else:
-            out.index_copy_(0, self.indices, x)
+        out.index_copy_(0, self.indices[:self.real], x[:self.real])
         return out.view(self.batch, self.seq_len, *x.shape[1:])
 
 

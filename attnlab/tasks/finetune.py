@@ -232,7 +232,7 @@ class FinetuneRun:
         left at its default (frozen embeddings, no weight average)."""
         o, task = self.options, self.task
         # few labels: the SetFit stage is nearly all of the run, and bf16 lost nothing on validation carved from
-        # the training data (research/quality/CHOICES.md) while taking ~20% less time where the CPU has it
+        # the training data (research/quality/CHOICES.md) and took less time where the CPU has it natively
         self.precision = self.precision or ("auto" if self.lm_teacher or self.setfit_rule else "fp32")
         self.epochs, self.batch_size, self.lr = default_schedule(
             len(self.train_ex), self.epochs, self.batch_size, self.lr,

@@ -126,7 +126,7 @@ def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *,
     they are. Linear warmup and decay, gradients clipped to norm 1. `precision` as the Trainer's
     ("fp32", "bf16": forward passes under bf16 autocast, weights kept in fp32; "auto"). Returns the loss
     of each step."""
-    from ..nn.precision import autocast
+    from ..nn.precision import autocast, resolve_precision
     from ..training.optim import build_optimizer
     if pairing not in PAIRINGS:
         raise ValueError(f"SetFit pairing={pairing!r}: choose one of {', '.join(PAIRINGS)}")
@@ -137,6 +137,7 @@ def contrastive_stage(net, features: Sequence[dict], pad_id: int, steps: int, *,
     groups = all_pair_batches(len(features), steps, batch_size, seed) if pairing == "all" else None
     backbone = net.backbone
     device = next(backbone.parameters()).device
+    precision = resolve_precision(precision, device.type)  # once, not at every step
     optimizer, scheduler = build_optimizer(backbone, lr=lr, weight_decay=weight_decay,
                                            warmup_steps=int(steps * warmup_ratio), max_steps=steps)
     trainable = [p for p in backbone.parameters() if p.requires_grad]
