@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 NAME = "finetune"
 HELP = "fine-tune an encoder on a task; writes the model and metrics.json"
@@ -197,8 +196,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(summary: dict) -> None:
     """The JSON summary on stdout, once: under torchrun every process runs the recipe, and only the first
-    (RANK 0) has the report-set scores."""
-    if os.environ.get("RANK", "0") == "0":
+    (first_process) has the report-set scores."""
+    from ..tasks.finetune_stages import first_process
+    if first_process():
         print(json.dumps(summary))
 
 

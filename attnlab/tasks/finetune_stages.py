@@ -9,10 +9,15 @@ import time
 from .finetune_options import FinetuneOptions
 
 
+def first_process() -> bool:
+    """Whether this process speaks for the run: always, but under torchrun only rank 0 (RANK is set before the
+    process group exists, and every rank runs the same stages and would say the same lines)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _say(line: str) -> None:
-    """A note for the user on stderr (stdout stays the JSON summary), said once: under torchrun only rank 0
-    speaks (RANK is set before the process group exists, and the ranks run the same stages)."""
-    if os.environ.get("RANK", "0") == "0":
+    """A note for the user on stderr (stdout stays the JSON summary), said once (first_process)."""
+    if first_process():
         print(line, file=sys.stderr, flush=True)
 
 
