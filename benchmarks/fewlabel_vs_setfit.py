@@ -18,6 +18,7 @@ seconds of each side (model loading included, scoring the report set not), the m
         (default --sizes sst2:64,sst2:250,cola:250,book:250,sst2:1000,cola:1000,book:1000 --draws 0,1,2)
     python benchmarks/fewlabel_vs_setfit.py --work runs/fewlabel --table-only     # the table of what ran
     ... --limit 64      # a smoke run: score on the first 64 report sentences only (rows are marked)
+    ... --sides attnlab # one side alone (the other's rows already in results.jsonl, or not wanted)
 """
 from __future__ import annotations
 
@@ -197,12 +198,18 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads of each run, both sides (default 1)")
     ap.add_argument("--model", default="minilm", help="attnlab's name or directory of the model (default minilm)")
     ap.add_argument("--setfit-python", help="python of the setfit venv (default: scripts/setfit-venv.sh's)")
+    ap.add_argument("--sides", default="attnlab,setfit",
+                    help="which sides run, comma-separated (default attnlab,setfit; the table shows what ran)")
     ap.add_argument("--limit", type=int, help="score on the first N report sentences only (a smoke run)")
     ap.add_argument("--resume", action="store_true", help="skip runs already in WORK/results.jsonl")
     ap.add_argument("--keep-models", action="store_true", help="keep each run's trained model (about 90 MB each)")
     ap.add_argument("--table-only", action="store_true", help="print the table of WORK/results.jsonl and stop")
     ap.add_argument("--markdown", type=Path, help="also write the table and its notes to this Markdown file")
     a = ap.parse_args()
+    a.sides = [s.strip() for s in a.sides.split(",") if s.strip()]
+    unknown = [s for s in a.sides if s not in ("attnlab", "setfit")]
+    if unknown or not a.sides:
+        ap.error(f"--sides: {', '.join(unknown) or 'nothing given'}: each side is attnlab or setfit")
     a.work.mkdir(parents=True, exist_ok=True)
     results = a.work / "results.jsonl"
     load_before = os.getloadavg()
@@ -230,7 +237,7 @@ def code_state() -> str:
 def run_all(a, results: Path) -> int:
     from attnlab.interop.local import resolve
     a.model_dir = str(resolve(a.model))
-    if not a.setfit_python:
+    if "setfit" in a.sides and not a.setfit_python:
         a.setfit_python = subprocess.run(["sh", str(REPO / "scripts" / "setfit-venv.sh")], check=True,
                                          stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
     done = {key(r) for r in load_rows(results)} if a.resume else set()
@@ -242,7 +249,7 @@ def run_all(a, results: Path) -> int:
         for d in draws:
             sides = ("attnlab", "setfit") if turn % 2 == 0 else ("setfit", "attnlab")
             turn += 1
-            for side in sides:
+            for side in (s for s in sides if s in a.sides):
                 row = {"task": task, "size": size, "draw": d, "side": side, "seed": a.seed, "limit": a.limit}
                 if key(row) in done:
                     continue

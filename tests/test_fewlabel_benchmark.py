@@ -1,6 +1,6 @@
 """benchmarks/fewlabel_vs_setfit.py's pure parts: the report sets and draws (disjoint from each other and from
 attnlab's own SST-2 hold-out, deterministic by seed, drawn as the project's few-label research draws them),
-the files each side reads, the scores, and the table's arithmetic. Nothing here trains."""
+the files each side reads, the scores, the table's arithmetic, and one attnlab-only smoke run (--sides)."""
 from __future__ import annotations
 
 import json
@@ -176,3 +176,23 @@ def test_sizes_parse_in_order_and_a_bad_one_is_named():
     assert parse_sizes("sst2:64,cola:250,book:250") == [("sst2", 64), ("cola", 250), ("book", 250)]
     with pytest.raises(SystemExit, match="'mrpc:64'"):
         parse_sizes("sst2:64,mrpc:64")
+
+
+def test_one_side_runs_alone_and_never_builds_the_other_sides_environment(data_dir, tmp_path):
+    # --sides attnlab trains and scores attnlab alone: the setfit python named here does not exist, so a run
+    # that looked for it (or built its venv) would fail; a side that is neither is refused by name
+    import os
+    import subprocess
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "fewlabel_vs_setfit.py"
+    env = {**os.environ, "ATTNLAB_DATA": str(data_dir)}
+    done = subprocess.run([sys.executable, str(script), "--work", str(tmp_path), "--sizes", "sst2:64", "--draws", "0",
+                           "--limit", "16", "--sides", "attnlab", "--setfit-python", str(tmp_path / "no-such-python")],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").open()]
+    assert [(r["task"], r["size"], r["draw"], r["side"]) for r in rows] == [("sst2", 64, 0, "attnlab")]
+    assert 0.0 <= rows[0]["score"]["accuracy"] <= 100.0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["sst2-64-draw0-attnlab"]
+    bad = subprocess.run([sys.executable, str(script), "--work", str(tmp_path), "--sides", "attnlab,onnx"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "onnx" in bad.stderr
