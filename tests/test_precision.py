@@ -1,5 +1,6 @@
 """bf16 only where the CPU has it: on an AVX2-only CPU (flags faked here) asking for bf16 prints one
-warning line; on a CPU with AVX512-BF16 or AMX-BF16 it does not; no command defaults to bf16."""
+warning line; on a CPU with AVX512-BF16 or AMX-BF16 it does not; no command defaults to bf16 itself, and
+precision auto picks it only where it trains faster (AMX-BF16)."""
 from __future__ import annotations
 
 import pytest
@@ -51,13 +52,21 @@ def test_no_command_defaults_to_bf16():
                 assert a.default != "bf16", f"{action.prog} {a.option_strings} defaults to bf16"
 
 
-@pytest.mark.parametrize("flags, picked", [(AVX2_ONLY, "fp32"), (AVX2_ONLY | {"avx512_bf16"}, "bf16"),
-                                           (AVX2_ONLY | {"amx_bf16"}, "bf16"), (set(), "fp32")])
-def test_train_precision_auto_picks_bf16_only_where_the_cpu_has_it(monkeypatch, tmp_path, flags, picked):
+@pytest.mark.parametrize("flags, speedup, picked", [
+    (AVX2_ONLY, None, "fp32"), (AVX2_ONLY | {"avx512_bf16"}, 1.0, "fp32"), (AVX2_ONLY | {"avx512_bf16"}, 2.4, "bf16"),
+    (AVX2_ONLY | {"avx512_bf16", "amx_bf16"}, None, "bf16"), (set(), None, "fp32")])
+def test_train_precision_auto_picks_bf16_only_where_it_trains_faster(monkeypatch, tmp_path, flags, speedup, picked):
+    # AVX512-BF16 alone is native but may run bf16 matmuls no faster than fp32 (then bf16 trains slower): the
+    # probe's figure decides there; AMX and the CPUs without native bf16 need no probe (None: never asked)
     import torch
 
     from attnlab.training.trainer import TrainArgs, Trainer
+
+    def probe():
+        assert speedup is not None, "the probe ran where the flags decide"
+        return speedup
     monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", probe)
     assert precision.resolve_precision("auto") == picked
     assert precision.resolve_precision("fp32") == "fp32" and precision.resolve_precision("bf16") == "bf16"
     model = torch.nn.Linear(4, 4)
@@ -88,3 +97,19 @@ def test_a_cpu_trainer_keeps_malloc_from_mapping_fresh_pages_each_step(monkeypat
     Trainer(torch.nn.Linear(2, 2), TrainArgs(output_dir=str(tmp_path), device="cpu"), [],
             loss_fn=lambda m, b: m(b["x"]).sum())
     assert precision._MALLOC_TUNED is True
+
+
+def test_the_bf16_probe_measures_once_per_cpu_and_keeps_its_figure(monkeypatch, tmp_path):
+    import json
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    measure = precision.bf16_matmul_speedup.__wrapped__  # past the in-process cache
+    first = measure()
+    assert first > 0
+    kept = json.loads((tmp_path / "bf16-speed.json").read_text())
+    assert list(kept.values()) == [first]
+    (tmp_path / "bf16-speed.json").write_text(json.dumps({k: 9.5 for k in kept}))
+    assert measure() == 9.5  # read back, not measured again
+    monkeypatch.setattr(precision, "cpu_key", lambda: "another CPU")
+    again = measure()  # a cache copied to another CPU: measured anew, the first CPU's figure kept
+    assert again != 9.5 and sorted(json.loads((tmp_path / "bf16-speed.json").read_text()).values()) == \
+        sorted([9.5, again])

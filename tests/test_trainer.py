@@ -293,10 +293,10 @@ def test_shipped_configs_build(name, data_dir):
     if name == "pretrain-bert-mini":
         assert (model_cfg.num_layers, model_cfg.hidden_size, obj.kind) == (4, 256, "mlm+nsp")
     if name == "pretrain-bert-cpu":  # the transfer recipe: PPMI init, then MLM only, 30% masking,
-        # 64 tokens, pre-LN, bf16, 56 minutes (+ the PPMI counts, ~30 s: within the hour)
+        # 64 tokens, pre-LN, bf16 where it trains faster, 56 minutes (+ the PPMI counts, ~30 s: within the hour)
         assert (model_cfg.num_layers, model_cfg.hidden_size, model_cfg.norm_placement, obj.kind,
                 cfg.objective.mask_prob, cfg.data.seq_len, cfg.model["embedding_init"], cfg.train.precision,
-                cfg.train.max_minutes) == (4, 256, "pre", "mlm", 0.3, 64, "ppmi", "bf16", 56)
+                cfg.train.max_minutes) == (4, 256, "pre", "mlm", 0.3, 64, "ppmi", "auto", 56)
     if name == "pretrain-gpt-shakespeare-char":
         assert (model_cfg.num_layers, model_cfg.num_heads, model_cfg.hidden_size, cfg.data.seq_len,
                 cfg.data.batch_size, cfg.train.max_steps, model_cfg.dropout) == (4, 4, 128, 64, 12, 2000, 0.0)

@@ -81,7 +81,7 @@ def collect() -> dict:
     import attnlab
     import torch
 
-    from ..nn.precision import bf16_is_native, cpu_flags, resolve_precision
+    from ..nn.precision import bf16_is_native, bf16_matmul_speedup, cpu_flags, resolve_precision
     from ..tasks import data_root
     flags = cpu_flags()
     data = data_root()
@@ -99,6 +99,9 @@ def collect() -> dict:
         "cpu": {"model": cpu_model(), "machine": platform.machine(), "cores": os.cpu_count(),
                 "flags": {f: f in flags for f in FLAGS}, "flags_known": bool(flags)},
         "precision": {"auto": resolve_precision("auto"), "bf16_native": bf16_is_native() and bool(flags),
+                      # what auto measured (AVX512-BF16 without AMX only; elsewhere the flags decide)
+                      "bf16_matmul_speedup": (bf16_matmul_speedup() if "avx512_bf16" in flags
+                                              and "amx_bf16" not in flags else None),
                       "int8_vnni": bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})},
         "kernels": kernels(),
         "compiler": next((path for path in compilers.values() if path), None),
@@ -132,8 +135,10 @@ def format_report(info: dict) -> str:
                   f"{t['omp_num_threads'] or 'unset'}"),
         ("cpu", f"{cpu['model']} ({cpu['machine']}, {cpu['cores']} logical cores)"),
         ("cpu flags", flags),
-        ("precision", f"auto = {prec['auto']}; bf16 native {yes(prec['bf16_native'])}; int8 dot products "
-                      f"(VNNI/AMX) {yes(prec['int8_vnni'])}"),
+        ("precision", f"auto = {prec['auto']}; bf16 native {yes(prec['bf16_native'])}"
+                      + (f" (its matmuls {prec['bf16_matmul_speedup']:.2f}x fp32's speed here)"
+                         if prec["bf16_matmul_speedup"] is not None else "")
+                      + f"; int8 dot products (VNNI/AMX) {yes(prec['int8_vnni'])}"),
         *[("C kernels" if i == 0 else "", line) for i, line in enumerate(kern)],
         ("C compiler", info["compiler"] or "none found (cc, gcc, clang): the PyTorch paths run"),
         *[("models" if i == 0 else "", line) for i, line in enumerate(model_lines)],

@@ -1,7 +1,11 @@
-"""Which precision is fast on this CPU. bf16 matmuls run natively only with AVX512-BF16 or AMX-BF16
-(measured here: ~2.4x fp32 with avx512_bf16); on an AVX2-only CPU PyTorch emulates them, roughly 10x
-slower than fp32 (0.6 vs 5.9 GFLOP/s on one core). attnlab never picks bf16 by default on such a CPU, and
-asking for it prints one line saying so (`train.precision=auto` picks bf16 only where it is native).
+"""Which precision is fast on this CPU. bf16 matmuls run natively only with AVX512-BF16 or AMX-BF16; on an
+AVX2-only CPU PyTorch emulates them, roughly 10x slower than fp32 (0.6 vs 5.9 GFLOP/s on one core), and
+asking for bf16 there prints one line saying so. Native is not always faster: with AMX, or on an AMD EPYC
+with AVX512-BF16, a bf16 matmul ran ~2.4x fp32's speed, but on an AVX512-BF16 Xeon with no AMX at fp32's
+speed (its bf16 dot product does as many flops a cycle as fp32's two FMA ports), and autocast's casts came on
+top: fine-tuning MiniLM on MRPC took 1.9x fp32's CPU time in bf16 there. So `train.precision=auto` picks bf16
+with AMX-BF16, and with AVX512-BF16 alone only where a short matmul probe finds bf16 at least
+`BF16_FASTER` times fp32's speed (`bf16_matmul_speedup`, measured once per CPU and kept on disk).
 Also this machine's other facts and settings: its CPU key for cached builds, the cache directory, and glibc
 malloc's mmap threshold for CPU training (`tune_malloc`)."""
 from __future__ import annotations
@@ -14,6 +18,9 @@ import sys
 from pathlib import Path
 
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+# bf16 training pays casts (the MiniLM step: 1.4x slower where the matmuls ran at 1.0x), so its matmuls must
+# be well ahead: 1.5 lies between the Xeon without AMX (1.0) and the CPUs where bf16 trained faster (~2.4)
+BF16_FASTER = 1.5
 
 
 def cpu_flags() -> set[str]:
@@ -68,15 +75,58 @@ def bf16_warning(device: str = "cpu") -> str | None:
 
 
 def resolve_precision(precision: str, device: str = "cpu") -> str:
-    """train.precision "auto": "bf16" where bf16 is known to be fast (CUDA with bf16 support, a CPU that lists
-    AVX512-BF16 or AMX-BF16 among its flags), else "fp32". An unknown CPU gets fp32: auto takes no chances.
-    "fp32" and "bf16" are returned as given."""
+    """train.precision "auto": "bf16" where bf16 is known to train faster (CUDA with bf16 support, a CPU with
+    AMX-BF16, or AVX512-BF16 whose matmuls the probe finds fast enough: see above), else "fp32". An unknown CPU
+    gets fp32: auto takes no chances. "fp32" and "bf16" are returned as given."""
     if precision != "auto":
         return precision
     if str(device).startswith("cuda"):
         import torch
         return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if cpu_flags() & set(NATIVE_BF16) else "fp32"
+    flags = cpu_flags()
+    if "amx_bf16" in flags:
+        return "bf16"
+    return "bf16" if "avx512_bf16" in flags and bf16_matmul_speedup() >= BF16_FASTER else "fp32"
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_matmul_speedup() -> float:
+    """fp32's time over bf16's for a training-sized matmul on this CPU (MiniLM's FFN on 512 tokens), the best
+    of five interleaved rounds; measured once per CPU (about half a second) and kept in
+    `cache_root()/bf16-speed.json` under `cpu_key()`, so a cache copied to another CPU measures again."""
+    import hashlib
+    import json
+    import time
+
+    import torch
+    path = cache_root() / "bf16-speed.json"
+    key = hashlib.sha256(cpu_key().encode()).hexdigest()[:16]
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), (int, float)):
+        return float(known[key])
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(512, 384, generator=gen), torch.randn(384, 1536, generator=gen)
+    pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+    best = {dtype: float("inf") for dtype in pairs}
+    for _ in range(5):
+        for dtype, (x, y) in pairs.items():
+            x @ y  # warm: the first call of a shape pays oneDNN's setup
+            start = time.perf_counter()
+            for _ in range(4):
+                x @ y
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    speedup = round(best[torch.float32] / best[torch.bfloat16], 3)
+    try:  # written whole (a temporary name, then renamed): two processes never read half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: speedup}))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: measure again next time
+        pass
+    return speedup
 
 
 def autocast(precision: str, device_type: str = "cpu"):
