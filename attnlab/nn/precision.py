@@ -1,11 +1,11 @@
 """Which precision is fast on this CPU. bf16 matmuls run natively only with AVX512-BF16 or AMX-BF16; on an
 AVX2-only CPU PyTorch emulates them, roughly 10x slower than fp32 (0.6 vs 5.9 GFLOP/s on one core), and
-asking for bf16 there prints one line saying so. Native is not always faster: with AMX, or on an AMD EPYC
-with AVX512-BF16, a bf16 matmul ran ~2.4x fp32's speed, but on an AVX512-BF16 Xeon with no AMX at fp32's
-speed (its bf16 dot product does as many flops a cycle as fp32's two FMA ports), and autocast's casts came on
-top: fine-tuning MiniLM on MRPC took 1.9x fp32's CPU time in bf16 there. So `train.precision=auto` picks bf16
-with AMX-BF16, and with AVX512-BF16 alone only where a short matmul probe finds bf16 at least
-`BF16_FASTER` times fp32's speed (`bf16_matmul_speedup`, measured once per CPU and kept on disk).
+asking for bf16 there prints one line saying so. Native is not always faster: a bf16 matmul ran ~2.4x fp32's
+speed on the AVX512-BF16 CPU this was first measured on (and AMX Xeons train faster in bf16), but 0.6-1.0x on
+an AVX512-BF16 Xeon with no AMX (its bf16 dot product does as many flops a cycle as fp32's two FMA ports),
+and autocast's casts came on top: fine-tuning MiniLM on MRPC took 1.9x fp32's CPU time in bf16 there. So
+`train.precision=auto` picks bf16 with AMX-BF16, and with AVX512-BF16 alone only where a short matmul probe
+finds bf16 at least `BF16_FASTER` times fp32's speed (`bf16_matmul_speedup`, once per CPU, kept on disk).
 Also this machine's other facts and settings: its CPU key for cached builds, the cache directory, and glibc
 malloc's mmap threshold for CPU training (`tune_malloc`)."""
 from __future__ import annotations
