@@ -236,7 +236,8 @@ def test_few_labels_on_a_sentence_transformer_get_setfit_with_no_holdout_and_mor
                  "--max-length", "32", "--epochs", "1", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["setfit_steps"] == 0 and summary["valid_examples"] == 4 and summary["pooling"] == "mean"
-    assert summary["precision"] == "fp32"  # plain fine-tuning keeps fp32 by default
+    # plain fine-tuning of a pretrained sentence classifier: bf16 where native too (precision "auto")
+    assert summary["precision"] == resolve_precision("auto", "cuda" if torch.cuda.is_available() else "cpu")
     assert main(["finetune", "sst2", "--model", str(tiny), "--train", str(small), "--output", str(tmp_path / "c"),
                  "--max-length", "32", "--epochs", "1", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -225,11 +225,11 @@ def test_no_flags_beyond_train_take_the_teacher_and_a_bf16_student_where_the_cpu
     assert summary["teacher"]["lr"] == 1e-4 and summary["precision"] == resolve_precision("auto")
     assert summary["teacher"]["smoothing"] == 0.1
     assert summary["train_examples"] == summary["teacher"]["labeled_examples"] + summary["teacher"]["copies"]
-    # --teacher none (or any hand-chosen schedule) is the plain fine-tune, in fp32
+    # --teacher none (or any hand-chosen schedule) is the plain fine-tune (bf16 where native, as with the teacher)
     assert main(["finetune", "sst2", "--model", str(st), "--train", str(train), "--output", str(tmp_path / "b"),
                  "--no-progress", "--teacher", "none", "--epochs", "1"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert "teacher" not in summary and summary["precision"] == "fp32"
+    assert "teacher" not in summary and summary["precision"] == resolve_precision("auto")
 
 
 def test_a_cut_teacher_is_its_bottom_layers_under_its_own_norm_and_head():

@@ -231,9 +231,13 @@ class FinetuneRun:
         """The schedule for the data (defaults.default_schedule), the SetFit stage and the pooling, and what is
         left at its default (frozen embeddings, no weight average)."""
         o, task = self.options, self.task
-        # few labels: the SetFit stage is nearly all of the run, and bf16 lost nothing on validation carved from
-        # the training data (research/quality/CHOICES.md) and took less time where the CPU has it natively
-        self.precision = self.precision or ("auto" if self.lm_teacher or self.setfit_rule else "fp32")
+        # bf16 where the CPU has it natively: on validation carved from the training data it lost nothing for
+        # few labels (the SetFit stage) nor for a pretrained sentence (pair) classifier or regressor, and took
+        # less time (research/quality/CHOICES.md); tokens, spans, random weights, LoRA and a distilled student
+        # were not measured: fp32
+        sentence = (head_class(task).__name__ == "SequenceClassification"
+                    and not (o.from_scratch or o.lora or o.student_layers is not None))
+        self.precision = self.precision or ("auto" if self.lm_teacher or self.setfit_rule or sentence else "fp32")
         self.epochs, self.batch_size, self.lr = default_schedule(
             len(self.train_ex), self.epochs, self.batch_size, self.lr,
             epochs_given=self.epochs_given or self.setfit_rule or bool(self.lm_teacher),
