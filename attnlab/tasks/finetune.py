@@ -231,9 +231,9 @@ class FinetuneRun:
         """The schedule for the data (defaults.default_schedule), the SetFit stage and the pooling, and what is
         left at its default (frozen embeddings, no weight average)."""
         o, task = self.options, self.task
-        # bf16 where the CPU has it natively: on validation carved from the training data it lost nothing for
-        # few labels (the SetFit stage) nor for a pretrained sentence (pair) classifier or regressor, and took
-        # less time (research/quality/CHOICES.md); tokens, spans, random weights, LoRA and a distilled student
+        # auto (bf16 where it trains faster, nn/precision): on validation carved from the training data bf16 lost
+        # nothing beyond noise for few labels (the SetFit stage) nor for a pretrained sentence (pair) classifier or
+        # regressor (research/quality/CHOICES.md); tokens, spans, random weights, LoRA and a distilled student
         # were not measured: fp32
         sentence = (head_class(task).__name__ == "SequenceClassification"
                     and not (o.from_scratch or o.lora or o.student_layers is not None))

@@ -65,8 +65,8 @@ class FinetuneOptions:
     patience: int | None = None
     # stop training after this many minutes, keeping the best model so far (summary stopped_by_time)
     max_minutes: float | None = None
-    # "fp32", "bf16" (autocast) or "auto" (bf16 where the CPU has it); None: "auto" under an LM teacher and for
-    # few labels (the SetFit rule), else fp32
+    # "fp32", "bf16" (autocast) or "auto" (bf16 where it trains faster: nn/precision); None: "auto" under an LM
+    # teacher, for few labels (the SetFit rule) and for a sentence (pair) task from pretrained weights, else fp32
     precision: str | None = None
     # torch.compile the training step; batches pad to multiples of COMPILE_PAD tokens (few shapes)
     compile: bool = False
