@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="every pair within a batch (default) or SetFit's sampled pairs")
     p.add_argument("--compile", action="store_true", help="torch.compile the training step (compiles first)")
     p.add_argument("--precision", choices=("fp32", "bf16", "auto"), default=None,
-                   help="bf16 autocast, or auto: bf16 where the CPU has it "
+                   help="bf16 autocast, or auto: bf16 where it trains faster "
                         "(default: auto for sentence tasks from pretrained weights, else fp32)")
     p.add_argument("--layer-decay", type=_layer_decay, default=1.0, metavar="F",
                    help="each layer learns at F x the rate of the one above (default 1)")

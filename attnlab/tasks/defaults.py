@@ -35,7 +35,7 @@ SETFIT_BELOW = 500
 # as a prompt classifier (TEACHER_EPOCHS at TEACHER_LR, batches of 16, label smoothing TEACHER_SMOOTH), labels
 # TEACHER_COPIES augmented copies of each sentence (data/augment.py); the student trains STUDENT_EPOCHS in batches of
 # 16 on the sentences and the copies, on (1 - TEACHER_KD) x the labels' loss + TEACHER_KD x the teacher's soft
-# targets at T = TEACHER_T, in bf16 where the CPU has it. The default rule for SETFIT_BELOW to TEACHER_BELOW examples
+# targets at T = TEACHER_T, in bf16 where it trains faster. The default rule for SETFIT_BELOW to TEACHER_BELOW examples
 # of SST-2 on a sentence-transformers checkpoint with nothing chosen by hand, when SmolLM2 is installed
 # (research/fewlabel/RESULTS.md): at 900 SST-2 sentences 85.05 over nine runs in 249-272 s of two
 # AVX512-BF16 cores (476 s on two AVX2-only cores, all fp32; 84.75 without the smoothing; the plain
