@@ -106,7 +106,8 @@ def test_each_stage_runs_on_its_own(tiny, files, tmp_path, capsys):
     run.teacher()
     assert run.lm_teacher == "" and run.soft is None and run.train_ex and run.n_labeled == 40
     run.schedule()
-    assert (run.epochs, run.batch_size, run.precision, run.freeze_embeddings, run.ema) == (1, 8, "fp32", True, 0.0)
+    # a pretrained sentence classifier: precision auto (the Trainer resolves it for the machine)
+    assert (run.epochs, run.batch_size, run.precision, run.freeze_embeddings, run.ema) == (1, 8, "auto", True, 0.0)
     assert "finetune sst2: train 40 examples, validate 12" in capsys.readouterr().err
     run.build_model()
     assert run.trained is run.net and run.loss_fn is None
