@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                  "(default: the model's maximum)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8", "auto"), default="fp32",
                    help="precision of the linear layers: int8 (per-token, SmoothQuant; fast with VNNI, AMX or "
-                        "AVX2), bf16 (fast only with AVX512-BF16/AMX), fp32 (default), or auto: the fastest of "
+                        "AVX2), bf16 (fast with AMX; may be slower on AVX512-BF16 alone), fp32 (default), or auto: the fastest of "
                         "them whose embeddings of the bundled calibration sentences keep cosine min 0.99 / "
                         "mean 0.998 to fp32 on this CPU (measured at load)")
     p.add_argument("--no-normalize", dest="normalize", action="store_false", help="keep raw (unnormalised) vectors")

@@ -42,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--convention", choices=("hf", "llama.cpp"), default="hf",
                    help="lm: hf = transformers' sliding window (default); llama.cpp = llama-perplexity's chunks")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32",
-                   help="precision: fp32 (default), bf16 (fast with AVX512-BF16/AMX), int8 for a fine-tuned "
-                        "model (per-token, SmoothQuant; fast with VNNI, AMX or AVX2)")
+                   help="precision: fp32 (default), bf16 (fast with AMX; may be slower on AVX512-BF16 alone), "
+                        "int8 for a fine-tuned model (per-token, SmoothQuant; fast with VNNI, AMX or AVX2)")
     p.add_argument("--dequantize", action="store_true",
                    help="lm, .gguf: dequantize the weights to fp32 (default: they stay quantized; the same "
                         "perplexity to rounding)")
