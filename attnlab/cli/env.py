@@ -81,7 +81,7 @@ def collect() -> dict:
     import attnlab
     import torch
 
-    from ..nn.precision import bf16_is_native, bf16_matmul_speedup, cpu_flags, resolve_precision
+    from ..nn.precision import bf16_is_native, bf16_matmul_speedup, bf16_needs_probe, cpu_flags, resolve_precision
     from ..tasks import data_root
     flags = cpu_flags()
     data = data_root()
@@ -99,9 +99,7 @@ def collect() -> dict:
         "cpu": {"model": cpu_model(), "machine": platform.machine(), "cores": os.cpu_count(),
                 "flags": {f: f in flags for f in FLAGS}, "flags_known": bool(flags)},
         "precision": {"auto": resolve_precision("auto"), "bf16_native": bf16_is_native() and bool(flags),
-                      # what auto measured (AVX512-BF16 without AMX only; elsewhere the flags decide)
-                      "bf16_matmul_speedup": (bf16_matmul_speedup() if "avx512_bf16" in flags
-                                              and "amx_bf16" not in flags else None),
+                      "bf16_matmul_speedup": bf16_matmul_speedup() if bf16_needs_probe(flags) else None,
                       "int8_vnni": bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})},
         "kernels": kernels(),
         "compiler": next((path for path in compilers.values() if path), None),

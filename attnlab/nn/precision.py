@@ -86,7 +86,13 @@ def resolve_precision(precision: str, device: str = "cpu") -> str:
     flags = cpu_flags()
     if "amx_bf16" in flags:
         return "bf16"
-    return "bf16" if "avx512_bf16" in flags and bf16_matmul_speedup() >= BF16_FASTER else "fp32"
+    return "bf16" if bf16_needs_probe(flags) and bf16_matmul_speedup() >= BF16_FASTER else "fp32"
+
+
+def bf16_needs_probe(flags: set[str]) -> bool:
+    """Whether auto asks the probe on a CPU with these flags: native bf16 without AMX (elsewhere the flags
+    decide)."""
+    return "avx512_bf16" in flags and "amx_bf16" not in flags
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,6 +100,7 @@ def bf16_matmul_speedup() -> float:
     """fp32's time over bf16's for a training-sized matmul on this CPU (MiniLM's FFN on 512 tokens), the best
     of five interleaved rounds; measured once per CPU (about half a second) and kept in
     `cache_root()/bf16-speed.json` under `cpu_key()`, so a cache copied to another CPU measures again."""
+    import contextlib
     import hashlib
     import json
     import time
@@ -119,13 +126,16 @@ def bf16_matmul_speedup() -> float:
                 x @ y
             best[dtype] = min(best[dtype], time.perf_counter() - start)
     speedup = round(best[torch.float32] / best[torch.bfloat16], 3)
-    try:  # written whole (a temporary name, then renamed): two processes never read half a file
+    # written whole (a temporary name, then renamed): two processes never read half a file. interop's
+    # atomic_write sits a layer above this one
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: speedup}))
         os.replace(tmp, path)
-    except OSError:  # a read-only cache: measure again next time
-        pass
+    except OSError:  # a read-only or full cache: measure again next time, leave no temporary behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return speedup
 
 
