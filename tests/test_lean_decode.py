@@ -210,3 +210,26 @@ def test_the_torch_free_modules_import_no_torch():
             "attnlab.inference.text_stream, attnlab.inference.chat; print('torch' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr
+
+
+def test_the_decode_breakdown_times_each_c_call_of_the_steps(tiny):
+    """benchmarks/decode_breakdown.py: the decoding steps' C calls each get their time, the prompt's pass is not
+    among them, the parts never exceed the whole, the weights counted are those the step reads, and the
+    kernel entry point is restored afterwards."""
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import decode_breakdown as bd
+    from attnlab.nn import kernel_build
+
+    before = kernel_build.call_bound
+    res = bd.measure(str(tiny[0]), new_tokens=6, rounds=2)
+    assert kernel_build.call_bound is before
+    calls = res["calls_s"]
+    assert {"llama_decode_step", "ggml_matmul_cols_par", "ggml_rows"} <= set(calls)
+    assert "paged_decode_layers" not in calls  # the prompt's pass is not timed
+    assert all(s > 0 for s in calls.values()) and sum(calls.values()) <= res["total_s"]
+    dec, _ = lean.LeanDecoder.open(tiny[0])
+    matrices = sum(w.nbytes for row in dec._weights for w in row[2:])
+    assert res["bytes_per_token"] >= matrices + dec.head.nbytes
+    text = bd.report(res, gb_s=10.0, threads=1)
+    assert "llama_decode_step" in text and "tok/s" in text
