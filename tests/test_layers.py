@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "attnlab"
 LAYERS = [
     # what a model is; text -> ids; finding a model and reading a GGUF file (no torch in this layer)
     {"config", "tokenizers", "tokenizer_core", "tokenizer_unigram", "locate", "gguf_file", "gguf_meta",
-     "lazy"},
+     "lazy", "atomic"},
     {"nn"},                                        # attention, positions, norms, feed-forward, block
     {"models", "heads"},                           # backbones, and the heads that wrap them
     {"interop"},                                   # every checkpoint format + the family registry

@@ -206,7 +206,8 @@ def test_long_prompts_take_the_torch_path(smollm2, monkeypatch, capsys):
 
 
 def test_the_torch_free_modules_import_no_torch():
-    code = ("import sys; import attnlab.locate, attnlab.gguf_meta, attnlab.nn.kernel_build, attnlab.inference.lean, "
+    code = ("import sys; import attnlab.locate, attnlab.gguf_meta, attnlab.atomic, attnlab.nn.kernel_build, "
+            "attnlab.nn.precision, attnlab.inference.lean, "
             "attnlab.inference.text_stream, attnlab.inference.chat; print('torch' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "False", res.stderr

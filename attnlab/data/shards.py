@@ -28,6 +28,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..atomic import atomic_write_json
 from .corpus import CorpusReader, Document, Position
 
 SPLITS = ("train", "heldout")
@@ -36,12 +37,6 @@ ENCODE_BATCH = 2048  # sentences per call into the Rust tokenizer (it parallelis
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
-
-
-def _atomic_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 class _SplitWriter:
@@ -144,7 +139,7 @@ def prepare_corpus(tokenizer, files: Iterable[str | Path], output: str | Path, *
             stats.train_tokens += info["train"]["tokens"]
             stats.heldout_tokens += info["heldout"]["tokens"]
         stats.documents = doc_index
-    _atomic_json(output / "prepare.json", settings)
+    atomic_write_json(output / "prepare.json", settings, indent=2)
     tokenizer.save(output / "tokenizer")
 
     total_bytes = sum(f.stat().st_size for f in files)
@@ -159,7 +154,7 @@ def prepare_corpus(tokenizer, files: Iterable[str | Path], output: str | Path, *
     def close_shard(end: Position) -> None:
         info = {s: w.close() for s, w in writers.items()}
         info.update(end=asdict(end), documents_seen=doc_index)
-        _atomic_json(output / f"shard-{stats.shards:05d}.json", info)
+        atomic_write_json(output / f"shard-{stats.shards:05d}.json", info, indent=2)
         stats.shards += 1
 
     last_end = start
@@ -195,7 +190,7 @@ def prepare_corpus(tokenizer, files: Iterable[str | Path], output: str | Path, *
             "special_ids": {role: tokenizer.backend.token_to_id(tok) for role, tok in tokenizer.special_tokens.items()
                             if tokenizer.backend.token_to_id(tok) is not None},
             **asdict(stats)}
-    _atomic_json(output / "meta.json", meta)
+    atomic_write_json(output / "meta.json", meta, indent=2)
     return stats
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from ..atomic import _UMASK, atomic_write  # noqa: F401  (re-exported: checkpoints are written whole)
 from ..config import CheckpointError, ConfigError, first_line  # noqa: F401  (re-exported)
 
 
@@ -169,30 +168,3 @@ def read_state_dict(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
         return sd, binary
     raise FileNotFoundError(f"{directory}: no weights found (looked for model.safetensors, "
                             "model.safetensors.index.json, pytorch_model.bin)")
-
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()  # read once at import: os.umask can only be read by setting it
-
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Write through a temporary file in the same directory, then rename: a killed run leaves either
-    the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it 0600; the result should read like any written file
-    try:
-        write(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -10,6 +10,7 @@ Also this machine's other facts and settings: its CPU key for cached builds, the
 malloc's mmap threshold for CPU training (`tune_malloc`)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -100,12 +101,13 @@ def bf16_matmul_speedup() -> float:
     """fp32's time over bf16's for a training-sized matmul on this CPU (MiniLM's FFN on 512 tokens), the best
     of five interleaved rounds; measured once per CPU (about half a second) and kept in
     `cache_root()/bf16-speed.json` under `cpu_key()`, so a cache copied to another CPU measures again."""
-    import contextlib
     import hashlib
     import json
     import time
 
     import torch
+
+    from ..atomic import atomic_write_json
     path = cache_root() / "bf16-speed.json"
     key = hashlib.sha256(cpu_key().encode()).hexdigest()[:16]
     try:
@@ -126,24 +128,15 @@ def bf16_matmul_speedup() -> float:
                 x @ y
             best[dtype] = min(best[dtype], time.perf_counter() - start)
     speedup = round(best[torch.float32] / best[torch.bfloat16], 3)
-    # written whole (a temporary name, then renamed): two processes never read half a file. interop's
-    # atomic_write sits a layer above this one
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
+    with contextlib.suppress(OSError):  # a read-only or full cache: measure again next time
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: speedup}))
-        os.replace(tmp, path)
-    except OSError:  # a read-only or full cache: measure again next time, leave no temporary behind
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        atomic_write_json(path, {**(known if isinstance(known, dict) else {}), key: speedup})  # whole, or nothing
     return speedup
 
 
 def autocast(precision: str, device_type: str = "cpu"):
     """The context training steps run their forward passes in: bf16 autocast (weights stay fp32) where
     `precision` resolves to bf16 on `device_type`, else nothing."""
-    import contextlib
-
     import torch
     if resolve_precision(precision, device_type) == "bf16":
         return torch.autocast(device_type, dtype=torch.bfloat16)
