@@ -67,7 +67,7 @@ clean:
 # with ASan, so the runtime (and libstdc++, whose C++ exceptions it intercepts for torch) must be loaded first;
 # python's own leaks are by design, so leak checks are off. Any report stops the run with a stack trace.
 SANITIZE_TESTS := tests/test_kernel_door.py tests/test_thread_pool.py tests/test_kernel_fallback.py \
-	tests/test_kernel_properties.py tests/test_fused_rows.py tests/test_int8.py tests/test_int8_amx.py \
+	tests/test_kernel_properties.py tests/test_fused_rows.py tests/test_int8.py tests/test_int8_amx.py tests/test_int8_vnni.py \
 	tests/test_causal_attention_kernel.py \
 	tests/test_gguf_quantized.py tests/test_gguf_avx2.py tests/test_paged_attention.py tests/test_paged_step.py \
 	tests/test_lean_decode.py tests/test_dropout.py tests/test_gguf_x16.py

@@ -3,7 +3,7 @@ decoder (`--decoder` runs benchmarks/gguf_decode.py --batch8 --prompt 512 after 
 or built: see `llama_bench`).
 
     .venv/bin/python benchmarks/cpu_engines.py [--sentences 1024] [--threads 1] [--rounds 3] [--decoder]
-        [--classifier RUN_DIR]
+        [--classifier RUN_DIR] [--torch-int8]
 
 Encoder workload: all-MiniLM-L6-v2 (the packaged real weights), 1,024 real sentences (SST-2 and CoNLL-2003
 interleaved), batches of 32 sorted by length for every engine, mean pooling. Tokenization is done once
@@ -17,6 +17,7 @@ The sides take turns (a, b, ..., b, a) for --rounds rounds in one process; the b
 is each engine's embedding against attnlab fp32 (equal to transformers fp32 to ~1e-6). Peak RSS is measured
 in a fresh process per engine (load + one pass; torch/onnxruntime imports included).
 --classifier: SST-2 accuracy of a fine-tuned classifier on the 872 held-out sentences, fp32 vs int8.
+--torch-int8: also attnlab's int8 layers on torch's `_int_mm` product (the baseline of its AMX and VNNI kernels).
 
 onnxruntime and onnx are benchmark-only peers: if missing they are pip-installed into this interpreter's
 environment. Exports are cached in build/cpu_engines/. Not a test: figures depend on the machine and load.
@@ -24,6 +25,7 @@ environment. Exports are cached in build/cpu_engines/. Not a test: figures depen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib
 import json
@@ -103,7 +105,7 @@ def onnx_files() -> dict[str, Path]:
     return files
 
 
-def engines(threads: int, which: list[str] | None = None) -> dict:
+def engines(threads: int, which: list[str] | None = None, torch_int8: bool = False) -> dict:
     """name -> (precision, function(batches) -> normalized embeddings)."""
     import onnxruntime as ort
 
@@ -129,11 +131,12 @@ def engines(threads: int, which: list[str] | None = None) -> dict:
                 "token_type_ids": np.zeros_like(ids.numpy())})[0]), mask) for ids, mask in bs])
         return run
 
-    def ours_side(model):
+    def ours_side(model, torch_product: bool = False):
         @torch.inference_mode()
         def run(bs):
-            return torch.cat([pooled(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
-                              for ids, mask in bs])
+            with _torch_int8_product(torch_product):
+                return torch.cat([pooled(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+                                  for ids, mask in bs])
         return run
 
     want = lambda name: which is None or name in which  # noqa: E731
@@ -154,9 +157,26 @@ def engines(threads: int, which: list[str] | None = None) -> dict:
         out["attnlab bf16"] = ("bf16", ours_side(quantize(model, "bf16", inplace=alone)))
     if want("attnlab int8"):
         tok = attnlab.load_tokenizer(path)
-        out["attnlab int8"] = ("int8", ours_side(quantize(model, "int8", inplace=alone,
-                                                          calibration=calibration_batches(tok))))
+        q8 = quantize(model, "int8", inplace=alone, calibration=calibration_batches(tok))
+        out["attnlab int8"] = ("int8", ours_side(q8))
+        if torch_int8:  # the same int8 layers with torch's `_int_mm` product, not attnlab's AMX/VNNI kernel
+            out["attnlab int8, _int_mm"] = ("int8", ours_side(q8, torch_product=True))
     return out
+
+
+@contextlib.contextmanager
+def _torch_int8_product(on: bool):
+    """While `on`: Int8Linear declines its AMX and VNNI kernels (torch's `_int_mm`, then a scaling pass)."""
+    if not on:
+        yield
+        return
+    from attnlab.nn.int8 import Int8Linear
+    saved = Int8Linear._amx_ready, Int8Linear._vnni_ready
+    Int8Linear._amx_ready = Int8Linear._vnni_ready = lambda self: False
+    try:
+        yield
+    finally:
+        Int8Linear._amx_ready, Int8Linear._vnni_ready = saved
 
 
 def rss_child(name: str, n: int, threads: int) -> float:
@@ -199,6 +219,8 @@ def main() -> None:
     p.add_argument("--no-rss", action="store_true", help="skip the fresh-process peak RSS column")
     p.add_argument("--classifier", help="a fine-tuned SST-2 run directory: accuracy fp32 vs int8")
     p.add_argument("--decoder", action="store_true", help="then run benchmarks/gguf_decode.py (llama.cpp side)")
+    p.add_argument("--torch-int8", action="store_true",
+                   help="also time attnlab's int8 layers on torch's _int_mm product (its AMX/VNNI kernel's baseline)")
     p.add_argument("--rss-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -215,9 +237,10 @@ def main() -> None:
     from attnlab.nn.int8 import INT8_DOT, int8_product
     from attnlab.nn.precision import cpu_flags
     flags = sorted(f for f in cpu_flags() if f in ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16"))
-    sides = engines(args.threads)
+    sides = engines(args.threads, torch_int8=args.torch_int8)
     # (AMX's kernel takes the layers whose shapes fill whole tiles: all of MiniLM's)
     product = "amx (csrc/int8_amx.c)" if not kernels.kernel_reason("int8_amx") else \
+        "vnni (csrc/int8_vnni.c)" if not kernels.kernel_reason("int8_vnni") and "avx512_vnni" in cpu_flags() else \
         int8_product() or "torch.ao (none fast)"
     print(f"torch {torch.__version__}, onnxruntime {importlib.import_module('onnxruntime').__version__}, "
           f"{args.threads} thread(s), {args.sentences} sentences ({tokens} tokens), batches of 32 sorted by length; "
@@ -235,7 +258,8 @@ def main() -> None:
     speed = {n: args.sentences / t for n, t in best.items()}
     ort_best = {prec: max(v for n, v in speed.items() if n.startswith("ORT") and sides[n][0] == prec)
                 for prec in ("fp32", "int8")}
-    rss = {} if args.no_rss else {n: rss_child(n, args.sentences, args.threads) for n in names}
+    rss = {} if args.no_rss else {n: rss_child(n, args.sentences, args.threads) for n in names
+                                   if not n.endswith("_int_mm")}  # (the same process as attnlab int8)
     rows = []
     for n in names:
         prec = sides[n][0]

@@ -239,6 +239,48 @@ def _gemm_reference(q, scale, weight_q, weight_scale, bias, zero=None):
     return out if bias is None else out + bias.double()
 
 
+def extreme_product_case(m: int, k: int, n: int):
+    """(generator, q, w, scale, wscale) of an int8 product with symmetric codes: a row of codes at 127 and one at
+    -128, the first weight column at -128 and the last at 127 (the int32 sums must stay exact)."""
+    g = torch.Generator().manual_seed(m * k + n)
+    q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    q[0] = 127
+    q[-1] = -128
+    w = torch.randint(-128, 128, (k, n), generator=g, dtype=torch.int8)
+    w[:, 0], w[:, -1] = -128, 127
+    return g, q, w, torch.rand(m, generator=g) + 0.01, torch.rand(n, generator=g) * 1e-2 + 1e-4
+
+
+def minilm_int8_cosine(minilm, data_dir, monkeypatch, n: int = 100):
+    """(the C functions the int8 model called, cosine of each embedding to fp32's): real MiniLM calibrated on
+    the bundled sentences, scored on n SST-2 + n CoNLL sentences."""
+    model, tok = attnlab.load(minilm), attnlab.load_tokenizer(minilm)
+    texts = _sentences(data_dir, n)
+    ref = embed(model, tok, texts)
+    q = quantize(model, "int8", calibration=calibration_batches(tok))
+    calls = []
+    real_call = kernels_mod.call
+    monkeypatch.setattr(int8_mod.kernels, "call", lambda fn, *a, **kw: calls.append(fn) or real_call(fn, *a, **kw))
+    return calls, (embed(q, tok, texts) * ref).sum(-1)
+
+
+def layer_on_one_and_two_threads(monkeypatch, layer, x, **kwargs):
+    """(calls, output on one thread, output on two): `layer(x, **kwargs)` twice, the C functions it called
+    recorded in `calls` (a list the caller may keep reading: the recording stays until monkeypatch undoes it)."""
+    calls = []
+    real_call = kernels_mod.call
+    monkeypatch.setattr(int8_mod.kernels, "call", lambda fn, *a, **kw: calls.append(fn) or real_call(fn, *a, **kw))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = layer(x, **kwargs)
+        torch.set_num_threads(2)
+        two = layer(x, **kwargs)
+    finally:
+        torch.set_num_threads(before)
+    return calls, one, two
+
+
 @pytest.mark.skipif(bool(kernel_reason("int8_gemm")), reason="the AVX2 int8 product is not built on this CPU")
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 33), (37, 96, 80), (64, 387, 64), (130, 384, 1152), (150, 1537, 24)])
 def test_int8_gemm_is_the_exact_integer_product(m, k, n):

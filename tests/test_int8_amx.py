@@ -9,14 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import attnlab
 import attnlab.nn.int8 as int8_mod
-from attnlab.inference.embed import embed
-from attnlab.inference.quantize import calibration_batches, quantize
 from attnlab.nn import kernels
 from attnlab.nn.int8 import Int8Linear, quantize_rows
 from attnlab.nn.kernel_signatures import int8_packed_bytes
-from test_int8 import _gemm_reference, _sentences
+from test_int8 import _gemm_reference, extreme_product_case, layer_on_one_and_two_threads, minilm_int8_cosine
 
 pytestmark = pytest.mark.skipif(bool(kernels.kernel_reason("int8_amx")),
                                 reason=f"the AMX int8 product cannot run here: {kernels.kernel_reason('int8_amx')}")
@@ -34,13 +31,7 @@ def test_int8_amx_gemm_is_the_exact_integer_product(m, k, n):
     """Every edge of the 32 x 32 block: rows fewer than a block, one more than a block, not a multiple of 16;
     an odd number of 16-column panels (48: a last panel alone); codes and weights at -128 and 127 (the int32
     sums stay exact); with and without bias; GELU in the store equal to torch's of the exact result."""
-    g = torch.Generator().manual_seed(m * k + n)
-    q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
-    q[0] = 127
-    q[-1] = -128
-    w = torch.randint(-128, 128, (k, n), generator=g, dtype=torch.int8)
-    w[:, 0], w[:, -1] = -128, 127
-    scale, wscale = torch.rand(m, generator=g) + 0.01, torch.rand(n, generator=g) * 1e-2 + 1e-4
+    g, q, w, scale, wscale = extreme_product_case(m, k, n)
     packed = _packed(w)
     for bias in (None, torch.randn(n, generator=g)):
         ref = _gemm_reference(q, scale, w, wscale, bias)
@@ -69,17 +60,8 @@ def test_int8_linear_takes_amx_for_whole_tiles_and_equals_the_torch_path(monkeyp
     torch.manual_seed(2)
     layer = Int8Linear.from_linear(nn.Linear(128, 48), torch.rand(128, generator=g) + 0.5, "s8")
     x = torch.randn(3, 29, 128, generator=g)
-    calls = []
     real_call = kernels.call
-    monkeypatch.setattr(int8_mod.kernels, "call", lambda fn, *a, **kw: calls.append(fn) or real_call(fn, *a, **kw))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = layer(x, activation="gelu")
-        torch.set_num_threads(2)
-        two = layer(x, activation="gelu")
-    finally:
-        torch.set_num_threads(before)
+    calls, one, two = layer_on_one_and_two_threads(monkeypatch, layer, x, activation="gelu")
     assert calls.count("int8_amx_gemm") == 2 and torch.equal(one, two)
     q, s = quantize_rows(x.reshape(-1, 128), layer.factors)
     ref = F.gelu(_gemm_reference(q, s, layer.weight_q, layer.weight_scale, layer.bias))
@@ -97,13 +79,6 @@ def test_int8_linear_takes_amx_for_whole_tiles_and_equals_the_torch_path(monkeyp
 def test_minilm_int8_on_amx_keeps_cosine_on_real_sentences(minilm, data_dir, monkeypatch):
     """Real MiniLM, calibrated on the bundled sentences, on 100 SST-2 + 100 CoNLL sentences: every linear layer
     of the encoder runs the AMX kernel, and the embeddings keep min cosine >= 0.99, mean >= 0.998 to fp32."""
-    model, tok = attnlab.load(minilm), attnlab.load_tokenizer(minilm)
-    texts = _sentences(data_dir, 100)
-    ref = embed(model, tok, texts)
-    q = quantize(model, "int8", calibration=calibration_batches(tok))
-    calls = []
-    real_call = kernels.call
-    monkeypatch.setattr(int8_mod.kernels, "call", lambda fn, *a, **kw: calls.append(fn) or real_call(fn, *a, **kw))
-    cos = (embed(q, tok, texts) * ref).sum(-1)
+    calls, cos = minilm_int8_cosine(minilm, data_dir, monkeypatch)
     assert calls.count("int8_amx_gemm") > 0 and "int8_dequant_rows" not in calls
     assert cos.min() >= 0.99 and cos.mean() >= 0.998, (cos.min(), cos.mean())

@@ -169,6 +169,7 @@ def test_a_cpu_without_the_instructions_gets_torchs_path(monkeypatch, tmp_path, 
     assert status["causal_attention"]["reason"] == "this CPU lacks avx512f, avx512_bf16"
     assert status["int8_gemm"]["reason"] == "this CPU lacks avx2, fma"
     assert status["int8_amx"]["reason"] == "this CPU lacks amx_int8, amx_tile, avx512f"
+    assert status["int8_vnni"]["reason"] == "this CPU lacks avx512f, avx512bw, avx512_vnni"
     assert status["ggml_x16"]["reason"] == "this CPU lacks avx2, fma, f16c"
     assert status["int8_rows"]["active"] and status["fused_rows"]["active"]  # portable C: no special needs
     assert status["paged_attention"]["active"]
@@ -186,7 +187,7 @@ def test_kernel_status_says_what_runs_and_why():
     status = kernels.kernel_status()
     assert [s["name"] for s in status] == ["ggml_blocks", "int8_rows", "int8_gemm", "int8_amx", "short_attention",
                                            "fused_rows", "causal_attention", "paged_attention", "dropout",
-                                           "ggml_x16"]
+                                           "ggml_x16", "int8_vnni"]
     for s in status:
         assert set(s) == {"name", "active", "reason"} and isinstance(s["active"], bool) and s["reason"]
         assert s["active"] == s["reason"].startswith("built with ")

@@ -14,8 +14,9 @@ y = x W^T + b becomes, per token m and output n,
   calibration text.
 
 On CPUs with AMX-INT8 the product runs in `csrc/int8_amx.c` (the tiles, weights packed once, the scaling, bias
-and GELU fused into the store) wherever the shape fills whole tiles (K a multiple of 64, N of 16). Elsewhere it
-runs in `torch._int_mm` (int8 x int8 -> int32), a VNNI instruction on CPUs that have one. On CPUs
+and GELU fused into the store) wherever the shape fills whole tiles (K a multiple of 64, N of 16); on CPUs with
+AVX512-VNNI in `csrc/int8_vnni.c` (the same fusions, vpdpbusd on the codes offset by 128). Elsewhere it runs in
+`torch._int_mm` (int8 x int8 -> int32), a VNNI instruction on CPUs that have one. On CPUs
 with AVX2 and no VNNI, where `_int_mm` is a plain loop, it runs in `csrc/int8_gemm.c` (the exact integer sum
 with the scaling fused in, weights packed once) on 7-bit activation codes with a zero point per token
 (`quantize_rows_u7`): the byte product that makes that kernel fast cannot saturate on them. The element-wise
@@ -178,6 +179,12 @@ class Int8Linear(nn.Module):
                 and self.weight_q.device.type == "cpu" and "amx_int8" in cpu_flags() and kernels.active("int8_amx")
                 and _c_ready(self.weight_scale) and _c_ready(self.bias))
 
+    def _vnni_ready(self) -> bool:
+        """The AVX512-VNNI product can take this call (where AMX cannot): symmetric codes, a CPU with
+        AVX512-VNNI, the kernel built, and the scales and bias plain fp32 as it reads them."""
+        return (self.codes == "s8" and self.weight_q.device.type == "cpu" and "avx512_vnni" in cpu_flags()
+                and kernels.active("int8_vnni") and _c_ready(self.weight_scale) and _c_ready(self.bias))
+
     def _avx2_ready(self) -> bool:
         """The AVX2 product can take this call: 7-bit codes, no VNNI (where `_int_mm` is faster), the kernel
         built, and the scales and bias plain fp32 as it reads them."""
@@ -185,7 +192,7 @@ class Int8Linear(nn.Module):
                 and _c_ready(self.weight_scale) and _c_ready(self.bias))
 
     def _packed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the weights in the AVX2 and AMX kernels' layout, their column sums), packed on first use and again
+        """(the weights in the AVX2, VNNI and AMX kernels' layout, their column sums), packed on first use and again
         if `weight_q` changed."""
         w = self.weight_q
         # inference tensors keep no version counter; load_state_dict's in-place copy drops the cache itself
@@ -207,7 +214,7 @@ class Int8Linear(nn.Module):
                 f"({self.codes} codes)" + (", smoothed" if self.factors is not None else ""))
 
     def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
-        """`activation` "gelu" (erf form) applies GELU to the output: in the AVX2 or AMX kernel's store, where
+        """`activation` "gelu" (erf form) applies GELU to the output: in the AVX2, VNNI or AMX kernel's store, where
         it saves a pass over the output (a feed-forward block's up projection), else with torch after it."""
         if activation not in (None, "gelu"):
             raise ValueError(f"Int8Linear: activation must be None or 'gelu', got {activation!r}")
@@ -222,6 +229,13 @@ class Int8Linear(nn.Module):
             out = torch.empty(q.size(0), self.out_features, dtype=torch.float32)
             kernels.call("int8_amx_gemm", q, scale, q.size(0), self.in_features, self._packed()[0],
                          self.weight_scale, self.bias, self.out_features, out, int(activation == "gelu"), min_rows=32)
+            return out.view(*shape[:-1], self.out_features).to(dtype)
+        if x2.device.type == "cpu" and self._vnni_ready():
+            q, scale = quantize_rows(x2, self.factors)
+            out = torch.empty(q.size(0), self.out_features, dtype=torch.float32)
+            packed, colsum = self._packed()
+            kernels.call("int8_vnni_gemm", q, scale, q.size(0), self.in_features, packed, colsum, self.weight_scale,
+                         self.bias, self.out_features, out, int(activation == "gelu"), min_rows=16)
             return out.view(*shape[:-1], self.out_features).to(dtype)
         if x2.device.type == "cpu" and self._avx2_ready():
             q, scale, zero = quantize_rows_u7(x2, self.factors)

@@ -167,6 +167,14 @@ SIGNATURES: dict[str, dict] = {
                                  (lambda a: a["K"] % 64 == 0 and a["N"] % 16 == 0,
                                   "K a multiple of 64 and N of 16 (whole tiles)")],
                       "rows": lambda a: a["M"]},
+    "int8_vnni_supported": {"args": [], "status": False},
+    "int8_vnni_gemm": {"args": [Buf("a", (I8,), lambda a: a["M"] * a["K"]), Buf("ascale", (F32,), lambda a: a["M"]),
+                                Int("M"), Int("K"), Buf("packed", (I8,), lambda a: int8_packed_bytes(a["K"], a["N"])),
+                                Buf("colsum", (I32,), lambda a: a["N"]), Buf("weight_scale", (F32,), lambda a: a["N"]),
+                                Buf("bias", (F32,), lambda a: a["N"], optional=True), Int("N"),
+                                Buf("y", (F32,), lambda a: a["M"] * a["N"]), Int32("act")],
+                       "checks": [(lambda a: a["act"] in (0, 1), "act 0 (none) or 1 (GELU, erf form)")],
+                       "rows": lambda a: a["M"]},
     "short_attention_supported": {"args": [], "status": False},
     "short_attention": {
         "args": [Strided("q", (F32,), lambda a: (a["B"], a["Hq"], a["Tq"], a["D"])),
@@ -243,6 +251,7 @@ KERNELS: dict[str, dict] = {
     "dropout": {"needs": (), "probe": None},
     "ggml_x16": {"needs": ("avx2", "fma", "f16c"), "probe": "ggml_x16_supported",  # or avx512 with vnni
                  "probe_fails": "built with AVX-512 but without AVX512-VNNI, or without AVX2"},
+    "int8_vnni": {"needs": ("avx512f", "avx512bw", "avx512_vnni"), "probe": "int8_vnni_supported"},
 }
 
 
