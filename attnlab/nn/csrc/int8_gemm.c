@@ -26,20 +26,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "int8_chunk.h" /* the argument check, K in quads, rows per chunk */
 #define AI static inline __attribute__((always_inline))
 #include "exp_poly.h" /* exp_poly8: e^x on 8 lanes (AVX2 + FMA) */
 
 #define NP 16 /* columns per packed panel and per micro-tile */
 #define MR 5
-#define ACHUNK (128 * 1024)
-
-static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 /* out: round_up(N, 16) * round_up(K, 4) bytes (nn/kernel_signatures.py's `int8_packed_bytes`); colsum: N
  * int32, each column's sum (the zero points' correction) */
 int int8_pack_b(const int8_t *b, int64_t K, int64_t N, int8_t *out, int32_t *colsum) {
     if (K < 0 || N < 0) return -1;
-    const int64_t kq = round_up(K, 4) / 4;
+    const int64_t kq = int8_quads(K);
     for (int64_t n0 = 0; n0 < N; n0 += NP)
         for (int64_t p = 0; p < kq; p++)
             for (int64_t c = 0; c < NP; c++)
@@ -119,11 +117,9 @@ static inline void store_row(const int32_t *sums, int32_t z, float s, const int3
 int int8_gemm(const uint8_t *a, const float *ascale, const int32_t *zero, int64_t M, int64_t K, const int8_t *bp,
               const int32_t *colsum, const float *wscale, const float *bias, int64_t N, float *y, int32_t act,
               int64_t start, int64_t end) {
-    if (M < 0 || K < 0 || N < 0 || start < 0 || end > M || start > end || act < 0 || act > 1) return -1;
+    if (int8_bad_args(M, K, N, act, start, end)) return -1;
     if (start == end || N == 0) return 0;
-    const int64_t kq = round_up(K, 4) / 4;
-    int64_t chunk = kq ? ACHUNK / (4 * kq) / MR * MR : MR;
-    if (chunk < MR) chunk = MR;
+    const int64_t kq = int8_quads(K), chunk = int8_row_chunk(kq, MR);
     /* a chunk's rows, each padded to kq quads with zeros (the packed weights are zero there too), and MR - 1
      * rows more, which a last partial tile reads and does not store: the tile then takes no branch */
     int32_t *rows = calloc((size_t)((chunk + MR - 1) * (kq ? kq : 1)), sizeof(int32_t));

@@ -26,19 +26,17 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "int8_chunk.h" /* the argument check, K in quads, rows per chunk */
 
 #define NP 16 /* columns per packed panel */
 #define MR 6  /* rows per micro-tile */
 #define NB 4  /* panels per micro-tile: 64 columns */
-#define ACHUNK (128 * 1024)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #include "gelu512.h" /* gelu_erf16: GELU on 16 lanes */
 
 int int8_vnni_supported(void) { return 1; }
-
-static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 /* one output row's 16 columns n .. n + 15 (the first `cols` of them stored): the offset removed, scaled, bias,
  * GELU if asked */
@@ -59,11 +57,9 @@ static inline void store16(__m512i acc, float s, const int32_t *colsum, const fl
 int int8_vnni_gemm(const int8_t *a, const float *ascale, int64_t M, int64_t K, const int8_t *bp,
                    const int32_t *colsum, const float *wscale, const float *bias, int64_t N, float *y, int32_t act,
                    int64_t start, int64_t end) {
-    if (M < 0 || K < 0 || N < 0 || start < 0 || end > M || start > end || act < 0 || act > 1) return -1;
+    if (int8_bad_args(M, K, N, act, start, end)) return -1;
     if (start == end || N == 0) return 0;
-    const int64_t kq = round_up(K, 4) / 4;
-    int64_t chunk = kq ? ACHUNK / (4 * kq) / MR * MR : MR;
-    if (chunk < MR) chunk = MR;
+    const int64_t kq = int8_quads(K), chunk = int8_row_chunk(kq, MR);
     /* a chunk's rows as unsigned codes, each padded to kq quads (code 128 = 0 there: the packed weights are 0
      * past K, so the padding adds nothing), and MR - 1 rows more, which a last partial tile reads and does not
      * store: the tile then takes no branch */
