@@ -437,3 +437,18 @@ def test_embed_dtype_auto_stays_near_fp32(minilm, tmp_path, capsys):
     assert f"--dtype auto: {fastest_dtype()} on this CPU" in capsys.readouterr().err
     cos = (np.load(tmp_path / "auto.npy") * np.load(tmp_path / "fp32.npy")).sum(-1)
     assert cos.min() >= 0.99, cos
+
+
+def test_a_layer_of_one_input_feature_gets_the_exact_integer_product(monkeypatch):
+    """A (1, N) weight has strides (1, 1); torch's `_int_mm` on a CPU read such a weight wrongly (sums of
+    unrelated memory). Every path of the layer gives the exact product there, the torch path too."""
+    torch.manual_seed(7)
+    lin = nn.Linear(1, 24)
+    layer = Int8Linear.from_linear(lin, None, "s8")
+    x = torch.randn(20, 1)
+    q, s = quantize_rows(x, None)
+    want = _gemm_reference(q, s, layer.weight_q, layer.weight_scale, layer.bias)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x).double(), want, rtol=1e-6, atol=1e-5)
+        monkeypatch.setattr(int8_mod.kernels, "active", lambda name: False)
+        torch.testing.assert_close(layer(x).double(), want, rtol=1e-6, atol=1e-5)

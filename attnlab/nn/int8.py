@@ -50,6 +50,15 @@ def int8_product(device: str = "cpu") -> str:
     return ""
 
 
+def _int_mm(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`torch._int_mm` with the weight in row-major strides. A layer of one input feature holds a (1, N) weight
+    with strides (1, 1), which torch calls contiguous; on a CPU `_int_mm` then returned sums of memory it should
+    not read (torch 2.13). A row-major copy costs nothing at other shapes: they already are."""
+    if w.size(0) > 0 and w.stride() != (w.size(1), 1):
+        w = torch.empty(w.shape, dtype=w.dtype, device=w.device).copy_(w)
+    return torch._int_mm(q, w)
+
+
 def int8_codes(device: str = "cpu") -> str:
     """The activation codes an int8 layer made here uses: "u7" (7-bit with a zero point) where the AVX2 kernel
     runs the product (it needs them), "s8" (symmetric int8) everywhere else."""
@@ -250,7 +259,7 @@ class Int8Linear(nn.Module):
             q = (q.to(torch.int16) - zero).to(torch.int8)
         else:
             q, scale = quantize_rows(x2, self.factors)
-        acc = torch._int_mm(q, self.weight_q) if q.size(0) > 16 or not q.is_cuda else \
+        acc = _int_mm(q, self.weight_q) if q.size(0) > 16 or not q.is_cuda else \
             (q.float() @ self.weight_q.float()).round().to(torch.int32)  # CUDA's kernel wants > 16 rows
         if (acc.device.type == "cpu" and acc.is_contiguous() and _c_ready(self.weight_scale) and _c_ready(self.bias)
                 and kernels.active("int8_rows")):
